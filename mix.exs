@@ -12,7 +12,8 @@ defmodule EXLA.MixProject do
       compilers: [:exla_native | Mix.compilers()],
       deps: deps(),
       name: "EXLA",
-      description: "Google's XLA (Accelerated Linear Algebra) compiler/backend for Nx, on PJRT plugins",
+      description:
+        "Google's XLA (Accelerated Linear Algebra) compiler/backend for Nx, on PJRT plugins",
       docs: [main: "EXLA"],
       preferred_cli_env: [bench: :prod]
     ]

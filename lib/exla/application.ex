@@ -1,0 +1,14 @@
+defmodule EXLA.Application do
+  @moduledoc false
+  use Application
+
+  @impl true
+  def start(_type, _args) do
+    children = [
+      {EXLA.Client, []},
+      EXLA.Defn.LockedCache
+    ]
+
+    Supervisor.start_link(children, strategy: :one_for_one, name: EXLA.Supervisor)
+  end
+end

@@ -1,0 +1,291 @@
+defmodule EXLA.Executable do
+  @moduledoc """
+  A program compiled by a PJRT plugin for one client.
+
+  Programs are StableHLO MLIR text whose entry point is `@main`. The
+  parameter shapes are read from `@main`'s signature and every run checks
+  its arguments against them, since the plugins do not.
+  """
+
+  alias EXLA.{DeviceBuffer, NIF, Shape}
+
+  @enforce_keys [:ref, :client, :device_id, :input_shapes, :output_shapes]
+  defstruct [
+    :ref,
+    :client,
+    :device_id,
+    :input_shapes,
+    :output_shapes,
+    num_replicas: 1,
+    num_partitions: 1
+  ]
+
+  @serialized_version 1
+
+  @doc """
+  Compiles StableHLO MLIR text on `client`.
+
+  ## Options
+
+    * `:device_id` - the device the executable is compiled for and runs on
+      (defaults to the client's default device)
+
+    * `:num_replicas` - number of replicas, at least 1 (defaults to 1)
+
+    * `:num_partitions` - number of partitions, at least 1 (defaults to 1)
+  """
+  def compile(client, mlir, opts \\ []) when is_binary(mlir) do
+    opts =
+      Keyword.validate!(opts,
+        device_id: client.default_device_id,
+        num_replicas: 1,
+        num_partitions: 1
+      )
+
+    replicas = positive!(opts, :num_replicas)
+    partitions = positive!(opts, :num_partitions)
+    device_id = device_id!(client, opts[:device_id])
+    input_shapes = main_input_shapes!(mlir)
+    specs = Enum.map(input_shapes, &Shape.to_spec/1)
+
+    ref =
+      NIF.unwrap!(
+        NIF.executable_compile(client.ref, mlir, specs, device_id, replicas, partitions)
+      )
+
+    new(ref, client, device_id, input_shapes, replicas, partitions)
+  end
+
+  defp new(ref, client, device_id, input_shapes, replicas, partitions) do
+    output_shapes = ref |> NIF.executable_output_shapes() |> Enum.map(&Shape.from_spec/1)
+
+    %__MODULE__{
+      ref: ref,
+      client: client,
+      device_id: device_id,
+      input_shapes: input_shapes,
+      output_shapes: output_shapes,
+      num_replicas: replicas,
+      num_partitions: partitions
+    }
+  end
+
+  defp positive!(opts, key) do
+    case opts[key] do
+      n when is_integer(n) and n >= 1 ->
+        n
+
+      other ->
+        raise ArgumentError, "#{inspect(key)} must be a positive integer, got: #{inspect(other)}"
+    end
+  end
+
+  defp device_id!(client, id) when is_integer(id) and id >= 0 and id < client.device_count,
+    do: id
+
+  defp device_id!(client, id) do
+    raise ArgumentError,
+          "invalid device id #{inspect(id)} for client #{inspect(client.name)} " <>
+            "with #{client.device_count} device(s)"
+  end
+
+  @doc """
+  Runs the executable on one list of arguments and returns its outputs as
+  `[[%EXLA.DeviceBuffer{}]]`.
+
+  Each argument is an `EXLA.DeviceBuffer` on the run's device or a
+  `{binary, %EXLA.Shape{}}` pair, which is copied to the device first.
+
+  It runs on the device it was compiled for.
+
+  ## Options
+
+    * `:donate` - positions of arguments whose buffers the program may
+      reuse for its outputs (when it aliases them); donated buffers are
+      deleted. Defaults to `[]`
+  """
+  def run(executable, inputs, opts \\ [])
+
+  def run(%__MODULE__{} = executable, [args], opts) when is_list(args) do
+    opts = Keyword.validate!(opts, donate: [])
+    %{client: client, device_id: device_id} = executable
+    refs = Enum.map(args, &argument_ref(&1, client, device_id))
+    outputs = NIF.unwrap!(NIF.executable_run(executable.ref, refs, opts[:donate]))
+
+    buffers =
+      Enum.zip_with(outputs, executable.output_shapes, fn ref, shape ->
+        DeviceBuffer.from_ref(ref, client, device_id, shape)
+      end)
+
+    [buffers]
+  end
+
+  def run(%__MODULE__{}, inputs, _opts) do
+    raise ArgumentError,
+          "expected one list of arguments (one replica), got: #{inspect(inputs, limit: 5)}"
+  end
+
+  defp argument_ref(%DeviceBuffer{ref: ref}, _client, _device_id), do: ref
+
+  defp argument_ref({data, %Shape{} = shape}, client, device_id),
+    do: DeviceBuffer.place_on_device(data, shape, client, device_id).ref
+
+  defp argument_ref(other, _client, _device_id) do
+    raise ArgumentError,
+          "expected an EXLA.DeviceBuffer or a {binary, EXLA.Shape} pair, got: #{inspect(other)}"
+  end
+
+  @doc """
+  Serializes the executable into a binary for `deserialize/2`.
+
+  The binary records which plugin made it: plugins can load each other's
+  executables and silently compute wrong results, so it only loads back
+  into a client of the same plugin file.
+  """
+  def serialize(%__MODULE__{} = executable) do
+    blob = NIF.unwrap!(NIF.executable_serialize(executable.ref))
+
+    :erlang.term_to_binary(%{
+      version: @serialized_version,
+      plugin: plugin_fingerprint(executable.client),
+      input_shapes: executable.input_shapes,
+      num_replicas: executable.num_replicas,
+      num_partitions: executable.num_partitions,
+      device_id: executable.device_id,
+      blob: blob
+    })
+  end
+
+  @doc """
+  Loads an executable made by `serialize/1` into `client`.
+  """
+  def deserialize(client, binary) when is_binary(binary) do
+    %{
+      version: @serialized_version,
+      plugin: plugin,
+      input_shapes: input_shapes,
+      blob: blob
+    } = data = decode_serialized!(binary)
+
+    if plugin != plugin_fingerprint(client) do
+      raise ArgumentError,
+            "the executable was serialized by another PJRT plugin than the one of client " <>
+              "#{inspect(client.name)}; compile it again"
+    end
+
+    specs = Enum.map(input_shapes, &Shape.to_spec/1)
+    device_id = device_id!(client, data.device_id)
+    ref = NIF.unwrap!(NIF.executable_deserialize(client.ref, blob, specs, device_id))
+    new(ref, client, device_id, input_shapes, data.num_replicas, data.num_partitions)
+  end
+
+  defp decode_serialized!(binary) do
+    case safe_binary_to_term(binary) do
+      %{version: @serialized_version, blob: blob} = data when is_binary(blob) -> data
+      _ -> raise ArgumentError, "not an executable serialized by EXLA.Executable.serialize/1"
+    end
+  end
+
+  defp safe_binary_to_term(binary) do
+    :erlang.binary_to_term(binary, [:safe])
+  rescue
+    ArgumentError -> nil
+  end
+
+  # The plugin file's content hash, computed once per plugin file.
+  defp plugin_fingerprint(client) do
+    path = client.plugin_path
+    key = {__MODULE__, :plugin_fingerprint, path}
+
+    case :persistent_term.get(key, nil) do
+      nil ->
+        hash = hash_file(path)
+        :persistent_term.put(key, hash)
+        hash
+
+      hash ->
+        hash
+    end
+  end
+
+  defp hash_file(path) do
+    path
+    |> File.stream!([], 4 * 1024 * 1024)
+    |> Enum.reduce(:crypto.hash_init(:sha256), &:crypto.hash_update(&2, &1))
+    |> :crypto.hash_final()
+  end
+
+  @doc false
+  # Reads the parameter shapes from the signature of `@main`.
+  def main_input_shapes!(mlir) do
+    case :binary.match(mlir, "@main(") do
+      {start, len} ->
+        rest = binary_part(mlir, start + len, byte_size(mlir) - start - len)
+        rest |> signature_arguments() |> Enum.map(&argument_shape!/1)
+
+      :nomatch ->
+        raise ArgumentError, "the MLIR module has no @main function"
+    end
+  end
+
+  # Splits the text up to the closing parenthesis on top-level commas.
+  defp signature_arguments(text), do: split_arguments(text, 0, "", [])
+
+  defp split_arguments(<<")", _::binary>>, 0, current, acc),
+    do: Enum.reverse(add_argument(current, acc))
+
+  defp split_arguments(<<",", rest::binary>>, 0, current, acc),
+    do: split_arguments(rest, 0, "", add_argument(current, acc))
+
+  defp split_arguments(<<c, rest::binary>>, depth, current, acc) when c in [?<, ?{, ?(, ?[],
+    do: split_arguments(rest, depth + 1, <<current::binary, c>>, acc)
+
+  defp split_arguments(<<c, rest::binary>>, depth, current, acc) when c in [?>, ?}, ?), ?]],
+    do: split_arguments(rest, depth - 1, <<current::binary, c>>, acc)
+
+  defp split_arguments(<<c, rest::binary>>, depth, current, acc),
+    do: split_arguments(rest, depth, <<current::binary, c>>, acc)
+
+  defp split_arguments(<<>>, _depth, _current, _acc),
+    do: raise(ArgumentError, "could not read the signature of @main")
+
+  defp add_argument(current, acc) do
+    case String.trim(current) do
+      "" -> acc
+      argument -> [argument | acc]
+    end
+  end
+
+  defp argument_shape!(argument) do
+    case Regex.run(~r/:\s*tensor<((?:\d+x)*)(\w+|complex<\w+>)>/, argument) do
+      [_, dims, type] ->
+        dims = dims |> String.split("x", trim: true) |> Enum.map(&String.to_integer/1)
+        Shape.make_shape(mlir_type!(type), List.to_tuple(dims))
+
+      nil ->
+        raise ArgumentError, "unsupported @main parameter: #{argument}"
+    end
+  end
+
+  @mlir_types %{
+    "i1" => {:pred, 8},
+    "i8" => {:s, 8},
+    "i16" => {:s, 16},
+    "i32" => {:s, 32},
+    "i64" => {:s, 64},
+    "ui8" => {:u, 8},
+    "ui16" => {:u, 16},
+    "ui32" => {:u, 32},
+    "ui64" => {:u, 64},
+    "f16" => {:f, 16},
+    "bf16" => {:bf, 16},
+    "f32" => {:f, 32},
+    "f64" => {:f, 64},
+    "complex<f32>" => {:c, 64},
+    "complex<f64>" => {:c, 128}
+  }
+
+  defp mlir_type!(type) do
+    Map.get(@mlir_types, type) || raise ArgumentError, "unsupported MLIR element type #{type}"
+  end
+end

@@ -1,0 +1,47 @@
+defmodule EXLA.NIF do
+  @moduledoc false
+  # The native functions of `native/exla`. Every function that can fail
+  # returns `{:ok, value}` or `{:error, {kind, message}}`; `unwrap!/1` is the
+  # one place where those errors become exceptions.
+
+  @on_load :__on_load__
+
+  def __on_load__ do
+    path = :filename.join(:code.priv_dir(:exla), ~c"libexla")
+    :erlang.load_nif(path, 0)
+  end
+
+  @doc """
+  Returns the value of `{:ok, value}` or raises the error of
+  `{:error, {kind, message}}`: `ArgumentError` for bad input and
+  `RuntimeError` for failures of the runtime.
+  """
+  def unwrap!({:ok, value}), do: value
+  def unwrap!({:error, {:argument, message}}), do: raise(ArgumentError, message)
+  def unwrap!({:error, {_kind, message}}), do: raise(RuntimeError, message)
+  def unwrap!(other), do: other
+
+  defp nif_error, do: :erlang.nif_error(:nif_not_loaded)
+
+  def plugin_load(_path), do: nif_error()
+  def plugin_info(_plugin), do: nif_error()
+  def client_create(_plugin, _options), do: nif_error()
+  def client_info(_client), do: nif_error()
+
+  def buffer_from_binary(_client, _data, _type_code, _dims, _device), do: nif_error()
+  def buffer_from_binary_dirty(_client, _data, _type_code, _dims, _device), do: nif_error()
+  def buffer_read(_buffer, _limit), do: nif_error()
+  def buffer_read_dirty(_buffer, _limit), do: nif_error()
+  def buffer_delete(_buffer), do: nif_error()
+  def buffer_ready(_buffer), do: nif_error()
+  def buffer_await(_buffers), do: nif_error()
+  def buffer_copy_to_device(_buffer, _device), do: nif_error()
+
+  def executable_compile(_client, _mlir, _inputs, _device, _replicas, _partitions),
+    do: nif_error()
+
+  def executable_output_shapes(_executable), do: nif_error()
+  def executable_run(_executable, _buffers, _donatable), do: nif_error()
+  def executable_serialize(_executable), do: nif_error()
+  def executable_deserialize(_client, _bytes, _inputs, _device), do: nif_error()
+end

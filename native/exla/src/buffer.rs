@@ -1,0 +1,141 @@
+//! Device buffers: transfers in and out, copies, deletion.
+
+use rustler::{Atom, Binary, Env, OwnedBinary, ResourceArc};
+
+use crate::client::ClientResource;
+use crate::error::{Error, NifResult};
+
+pub struct BufferResource(pub pjrt::Buffer);
+
+#[rustler::resource_impl]
+impl rustler::Resource for BufferResource {}
+
+mod atoms {
+    rustler::atoms! { ok, already_deallocated }
+}
+
+/// Largest read done on a normal scheduler: a memcpy well under a millisecond.
+const NORMAL_READ_LIMIT: usize = 1 << 20;
+
+pub fn shape(type_code: i32, dims: Vec<i64>) -> NifResult<pjrt::Shape> {
+    Ok(pjrt::Shape::new(
+        pjrt::ElementType::from_code(type_code)?,
+        dims,
+    )?)
+}
+
+fn place(
+    client: ResourceArc<ClientResource>,
+    data: Binary,
+    type_code: i32,
+    dims: Vec<i64>,
+    device: usize,
+) -> NifResult<ResourceArc<BufferResource>> {
+    let shape = shape(type_code, dims)?;
+    let buffer = client.0.buffer_from_host(data.as_slice(), &shape, device)?;
+    Ok(ResourceArc::new(BufferResource(buffer)))
+}
+
+/// For small binaries: the copy is short enough for a normal scheduler.
+#[rustler::nif]
+fn buffer_from_binary(
+    client: ResourceArc<ClientResource>,
+    data: Binary,
+    type_code: i32,
+    dims: Vec<i64>,
+    device: usize,
+) -> NifResult<ResourceArc<BufferResource>> {
+    place(client, data, type_code, dims, device)
+}
+
+#[rustler::nif(schedule = "DirtyIo")]
+fn buffer_from_binary_dirty(
+    client: ResourceArc<ClientResource>,
+    data: Binary,
+    type_code: i32,
+    dims: Vec<i64>,
+    device: usize,
+) -> NifResult<ResourceArc<BufferResource>> {
+    place(client, data, type_code, dims, device)
+}
+
+fn read_size(buffer: &pjrt::Buffer, limit: i64) -> NifResult<usize> {
+    let full = buffer.shape().byte_size()?;
+    Ok(match usize::try_from(limit) {
+        Ok(limit) => limit.min(full),
+        Err(_) => full,
+    })
+}
+
+fn new_binary(size: usize) -> NifResult<OwnedBinary> {
+    OwnedBinary::new(size)
+        .ok_or_else(|| Error::argument(format!("could not allocate {size} bytes")))
+}
+
+/// Reads without blocking: returns `nil` when the data is not ready, not in
+/// host memory, or too large to copy on a normal scheduler.
+#[rustler::nif]
+fn buffer_read<'a>(
+    env: Env<'a>,
+    buffer: ResourceArc<BufferResource>,
+    limit: i64,
+) -> NifResult<Option<Binary<'a>>> {
+    let size = read_size(&buffer.0, limit)?;
+    if size > NORMAL_READ_LIMIT {
+        buffer.0.ensure_live()?;
+        return Ok(None);
+    }
+    let mut out = new_binary(size)?;
+    if buffer.0.try_copy_from_host_memory(out.as_mut_slice())? {
+        Ok(Some(out.release(env)))
+    } else {
+        Ok(None)
+    }
+}
+
+/// Reads, waiting for the data to be computed.
+#[rustler::nif(schedule = "DirtyIo")]
+fn buffer_read_dirty<'a>(
+    env: Env<'a>,
+    buffer: ResourceArc<BufferResource>,
+    limit: i64,
+) -> NifResult<Binary<'a>> {
+    let size = read_size(&buffer.0, limit)?;
+    buffer.0.wait()?;
+    let mut out = new_binary(size)?;
+    buffer.0.copy_to_host(out.as_mut_slice())?;
+    Ok(out.release(env))
+}
+
+#[rustler::nif]
+fn buffer_delete(buffer: ResourceArc<BufferResource>) -> NifResult<Atom> {
+    Ok(if buffer.0.delete()? {
+        atoms::ok()
+    } else {
+        atoms::already_deallocated()
+    })
+}
+
+/// Whether the data is computed; raises the computation's error if it failed.
+#[rustler::nif]
+fn buffer_ready(buffer: ResourceArc<BufferResource>) -> NifResult<bool> {
+    buffer.0.ensure_live()?;
+    Ok(buffer.0.is_ready()?)
+}
+
+#[rustler::nif(schedule = "DirtyIo")]
+fn buffer_await(buffers: Vec<ResourceArc<BufferResource>>) -> NifResult<Atom> {
+    for buffer in &buffers {
+        buffer.0.wait()?;
+    }
+    Ok(atoms::ok())
+}
+
+#[rustler::nif(schedule = "DirtyIo")]
+fn buffer_copy_to_device(
+    buffer: ResourceArc<BufferResource>,
+    device: usize,
+) -> NifResult<ResourceArc<BufferResource>> {
+    let copy = buffer.0.copy_to_device(device)?;
+    Ok(ResourceArc::new(BufferResource(copy)))
+}

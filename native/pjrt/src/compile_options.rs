@@ -1,0 +1,129 @@
+//! The small slice of `xla.CompileOptionsProto` the bindings send.
+//!
+//! Plugins abort the process on empty options or on zero replicas or
+//! partitions, so these are always encoded and checked here.
+
+use crate::error::{Error, Result};
+
+/// Build options for one compilation. `Client::compile` sets the device
+/// ordinal from the device it compiles for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CompileOptions {
+    /// Device ordinal, or -1 to let the runtime choose.
+    pub device_ordinal: i64,
+    pub num_replicas: i64,
+    pub num_partitions: i64,
+}
+
+impl Default for CompileOptions {
+    fn default() -> Self {
+        CompileOptions {
+            device_ordinal: -1,
+            num_replicas: 1,
+            num_partitions: 1,
+        }
+    }
+}
+
+impl CompileOptions {
+    /// Encodes `CompileOptionsProto { executable_build_options (3):
+    /// ExecutableBuildOptionsProto { device_ordinal (1), num_replicas (4),
+    /// num_partitions (5), device_assignment (9) } }`.
+    ///
+    /// A device ordinal of 0 or more also becomes a device assignment
+    /// (`DeviceAssignmentProto { replica_count (1), computation_count (2),
+    /// computation_devices (3): { replica_device_ids (1) } }`): the ordinal
+    /// alone does not move a single-replica program off device 0.
+    pub fn encode(&self) -> Result<Vec<u8>> {
+        if self.num_replicas < 1 || self.num_partitions < 1 {
+            return Err(Error::invalid(format!(
+                "num_replicas and num_partitions must be at least 1, got {} and {}",
+                self.num_replicas, self.num_partitions
+            )));
+        }
+        if self.device_ordinal < -1 {
+            return Err(Error::invalid(format!(
+                "invalid device ordinal {}",
+                self.device_ordinal
+            )));
+        }
+        let mut build = Vec::with_capacity(32);
+        put_int_field(&mut build, 1, self.device_ordinal);
+        put_int_field(&mut build, 4, self.num_replicas);
+        put_int_field(&mut build, 5, self.num_partitions);
+        if self.device_ordinal >= 0 && self.num_replicas == 1 && self.num_partitions == 1 {
+            let mut ids = Vec::new();
+            put_varint(&mut ids, self.device_ordinal as u64);
+            let mut computation = Vec::new();
+            put_bytes_field(&mut computation, 1, &ids);
+            let mut assignment = Vec::new();
+            put_int_field(&mut assignment, 1, 1);
+            put_int_field(&mut assignment, 2, 1);
+            put_bytes_field(&mut assignment, 3, &computation);
+            put_bytes_field(&mut build, 9, &assignment);
+        }
+        let mut out = Vec::with_capacity(build.len() + 4);
+        put_bytes_field(&mut out, 3, &build);
+        Ok(out)
+    }
+}
+
+fn put_int_field(out: &mut Vec<u8>, field: u64, value: i64) {
+    put_varint(out, field << 3);
+    // Negative int64 values are encoded as ten-byte two's complement varints.
+    put_varint(out, value as u64);
+}
+
+fn put_bytes_field(out: &mut Vec<u8>, field: u64, bytes: &[u8]) {
+    put_varint(out, (field << 3) | 2);
+    put_varint(out, bytes.len() as u64);
+    out.extend_from_slice(bytes);
+}
+
+fn put_varint(out: &mut Vec<u8>, mut value: u64) {
+    while value >= 0x80 {
+        out.push((value as u8) | 0x80);
+        value >>= 7;
+    }
+    out.push(value as u8);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn encodes_the_probed_bytes() {
+        let bytes = CompileOptions::default().encode().unwrap();
+        let expected = [
+            0x1A, 0x0F, 0x08, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0x01, 0x20,
+            0x01, 0x28, 0x01,
+        ];
+        assert_eq!(bytes, expected);
+    }
+
+    #[test]
+    fn assigns_the_device() {
+        let options = CompileOptions {
+            device_ordinal: 1,
+            ..CompileOptions::default()
+        };
+        let expected = [
+            0x1A, 0x11, 0x08, 0x01, 0x20, 0x01, 0x28, 0x01, 0x4A, 0x09, 0x08, 0x01, 0x10, 0x01,
+            0x1A, 0x03, 0x0A, 0x01, 0x01,
+        ];
+        assert_eq!(options.encode().unwrap(), expected);
+    }
+
+    #[test]
+    fn rejects_zero_replicas_and_partitions() {
+        for (r, p) in [(0, 1), (1, 0), (-3, 1)] {
+            let options = CompileOptions {
+                device_ordinal: -1,
+                num_replicas: r,
+                num_partitions: p,
+            };
+            assert!(matches!(options.encode(), Err(Error::InvalidArgument(_))));
+        }
+    }
+}

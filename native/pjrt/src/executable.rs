@@ -1,0 +1,263 @@
+//! Compiled programs: running them and serializing them.
+
+use std::sync::Arc;
+
+use crate::buffer::Buffer;
+use crate::client::Client;
+use crate::error::{Error, Result};
+use crate::ffi::{self, PJRT_Buffer, PJRT_Executable, PJRT_LoadedExecutable};
+use crate::plugin::{call, new_args};
+use crate::types::{ElementType, Shape};
+
+/// An owned `PJRT_LoadedExecutable` with the shapes of its parameters and
+/// results. The plugin does not check argument types or shapes, so every
+/// execution is checked against `input_shapes` here.
+pub struct LoadedExecutable {
+    client: Arc<Client>,
+    raw: *mut PJRT_LoadedExecutable,
+    device: usize,
+    input_shapes: Vec<Shape>,
+    output_shapes: Vec<Shape>,
+}
+
+// SAFETY: PJRT executables may be run from several threads at once.
+unsafe impl Send for LoadedExecutable {}
+unsafe impl Sync for LoadedExecutable {}
+
+/// The unloaded view of an executable, destroyed on drop.
+struct ExecutableView<'a> {
+    client: &'a Client,
+    raw: *mut PJRT_Executable,
+}
+
+impl Drop for ExecutableView<'_> {
+    fn drop(&mut self) {
+        let mut args = new_args!(ffi::PJRT_Executable_Destroy_Args, executable);
+        args.executable = self.raw;
+        let _ =
+            (|| -> Result<()> { call!(self.client.plugin(), PJRT_Executable_Destroy, &mut args) })(
+            );
+    }
+}
+
+impl LoadedExecutable {
+    pub(crate) fn from_raw(
+        client: &Arc<Client>,
+        raw: *mut PJRT_LoadedExecutable,
+        device: usize,
+    ) -> Result<LoadedExecutable> {
+        let mut executable = LoadedExecutable {
+            client: client.clone(),
+            raw,
+            device,
+            input_shapes: Vec::new(),
+            output_shapes: Vec::new(),
+        };
+        executable.output_shapes = executable.query_output_shapes()?;
+        Ok(executable)
+    }
+
+    pub fn client(&self) -> &Arc<Client> {
+        &self.client
+    }
+
+    /// Index of the device the executable was compiled for and runs on.
+    pub fn device(&self) -> usize {
+        self.device
+    }
+
+    /// Declares the parameter shapes every execution is checked against.
+    pub fn with_input_shapes(mut self, shapes: Vec<Shape>) -> LoadedExecutable {
+        self.input_shapes = shapes;
+        self
+    }
+
+    pub fn input_shapes(&self) -> &[Shape] {
+        &self.input_shapes
+    }
+
+    pub fn output_shapes(&self) -> &[Shape] {
+        &self.output_shapes
+    }
+
+    fn view(&self) -> Result<ExecutableView<'_>> {
+        let mut args = new_args!(ffi::PJRT_LoadedExecutable_GetExecutable_Args, executable);
+        args.loaded_executable = self.raw;
+        call!(
+            self.client.plugin(),
+            PJRT_LoadedExecutable_GetExecutable,
+            &mut args
+        )?;
+        Ok(ExecutableView {
+            client: &self.client,
+            raw: args.executable,
+        })
+    }
+
+    fn query_output_shapes(&self) -> Result<Vec<Shape>> {
+        let view = self.view()?;
+        let plugin = self.client.plugin();
+        let mut count = new_args!(ffi::PJRT_Executable_NumOutputs_Args, num_outputs);
+        count.executable = view.raw;
+        call!(plugin, PJRT_Executable_NumOutputs, &mut count)?;
+        let n = count.num_outputs;
+        let mut types = new_args!(
+            ffi::PJRT_Executable_OutputElementTypes_Args,
+            num_output_types
+        );
+        types.executable = view.raw;
+        call!(plugin, PJRT_Executable_OutputElementTypes, &mut types)?;
+        let mut dims = new_args!(ffi::PJRT_Executable_OutputDimensions_Args, dim_sizes);
+        dims.executable = view.raw;
+        call!(plugin, PJRT_Executable_OutputDimensions, &mut dims)?;
+        if types.num_output_types != n || dims.num_outputs != n {
+            return Err(Error::invalid(
+                "the plugin reported inconsistent output counts",
+            ));
+        }
+        // SAFETY: the executable owns these arrays until `view` is dropped.
+        let (types, sizes) = unsafe {
+            (
+                slice_or_empty(types.output_types, n),
+                slice_or_empty(dims.dim_sizes, n),
+            )
+        };
+        let total: usize = sizes.iter().sum();
+        // SAFETY: as above; `dims` holds the concatenated dimensions.
+        let all_dims = unsafe { slice_or_empty(dims.dims, total) };
+        let mut offset = 0;
+        let mut shapes = Vec::with_capacity(n);
+        for (code, size) in types.iter().zip(sizes) {
+            let element_type = ElementType::from_code(*code).map_err(|_| {
+                Error::invalid(format!(
+                    "the program returns an element type (PJRT code {code}) EXLA does not support"
+                ))
+            })?;
+            shapes.push(Shape {
+                element_type,
+                dims: all_dims[offset..offset + size].to_vec(),
+            });
+            offset += size;
+        }
+        Ok(shapes)
+    }
+
+    fn check_arguments(&self, args: &[&Buffer], device: usize) -> Result<()> {
+        if args.len() != self.input_shapes.len() {
+            return Err(Error::invalid(format!(
+                "the executable expects {} argument(s), got {}",
+                self.input_shapes.len(),
+                args.len()
+            )));
+        }
+        for (i, (arg, expected)) in args.iter().zip(&self.input_shapes).enumerate() {
+            if !Arc::ptr_eq(arg.client(), &self.client) {
+                return Err(Error::invalid(format!(
+                    "argument {i} lives on another client than the executable"
+                )));
+            }
+            if arg.device() != device {
+                return Err(Error::invalid(format!(
+                    "argument {i} lives on device {}, but the executable runs on device {device}",
+                    arg.device()
+                )));
+            }
+            if arg.shape() != expected {
+                return Err(Error::invalid(format!(
+                    "argument {i} has type {:?} and shape {:?}, but the executable expects type {:?} and shape {:?}",
+                    arg.shape().element_type,
+                    arg.shape().dims,
+                    expected.element_type,
+                    expected.dims
+                )));
+            }
+            arg.ensure_live()?;
+        }
+        Ok(())
+    }
+
+    /// Runs on the executable's device. Only arguments whose positions are
+    /// in `donatable` may be donated (when the program aliases them).
+    pub fn execute(&self, args: &[&Buffer], donatable: &[usize]) -> Result<Vec<Buffer>> {
+        let device = self.device;
+        self.check_arguments(args, device)?;
+        let raw_args: Vec<*mut PJRT_Buffer> = args.iter().map(|b| b.raw()).collect();
+        let arg_lists = [raw_args.as_ptr()];
+        let mut outputs: Vec<*mut PJRT_Buffer> =
+            vec![std::ptr::null_mut(); self.output_shapes.len()];
+        let output_lists = [outputs.as_mut_ptr()];
+        let kept: Vec<i64> = (0..args.len())
+            .filter(|i| !donatable.contains(i))
+            .map(|i| i as i64)
+            .collect();
+        let mut options = new_args!(ffi::PJRT_ExecuteOptions, incarnation_ids);
+        options.non_donatable_input_indices = kept.as_ptr();
+        options.num_non_donatable_input_indices = kept.len();
+        let mut exec = new_args!(ffi::PJRT_LoadedExecutable_Execute_Args, execute_device);
+        exec.executable = self.raw;
+        exec.options = &mut options;
+        exec.argument_lists = arg_lists.as_ptr();
+        exec.num_devices = 1;
+        exec.num_args = raw_args.len();
+        exec.output_lists = output_lists.as_ptr();
+        // execute_device stays null: the executable runs where it was
+        // compiled for (the CPU plugin refuses other devices there).
+        call!(
+            self.client.plugin(),
+            PJRT_LoadedExecutable_Execute,
+            &mut exec
+        )?;
+        Ok(outputs
+            .into_iter()
+            .zip(&self.output_shapes)
+            .map(|(raw, shape)| Buffer::from_raw(&self.client, raw, shape.clone(), device))
+            .collect())
+    }
+
+    /// The plugin's serialized form of the executable.
+    pub fn serialize(&self) -> Result<Vec<u8>> {
+        let view = self.view()?;
+        let mut args = new_args!(
+            ffi::PJRT_Executable_Serialize_Args,
+            serialized_executable_deleter
+        );
+        args.executable = view.raw;
+        call!(self.client.plugin(), PJRT_Executable_Serialize, &mut args)?;
+        // SAFETY: the bytes stay valid until the deleter is called.
+        let bytes = unsafe {
+            slice_or_empty(
+                args.serialized_bytes.cast::<u8>(),
+                args.serialized_bytes_size,
+            )
+        }
+        .to_vec();
+        if let Some(deleter) = args.serialized_executable_deleter {
+            // SAFETY: called once, on the object the plugin handed out.
+            unsafe { deleter(args.serialized_executable) };
+        }
+        Ok(bytes)
+    }
+}
+
+impl Drop for LoadedExecutable {
+    fn drop(&mut self) {
+        let mut args = new_args!(ffi::PJRT_LoadedExecutable_Destroy_Args, executable);
+        args.executable = self.raw;
+        let _ = (|| -> Result<()> {
+            call!(
+                self.client.plugin(),
+                PJRT_LoadedExecutable_Destroy,
+                &mut args
+            )
+        })();
+    }
+}
+
+/// A slice over plugin-owned memory; null pointers become empty slices.
+unsafe fn slice_or_empty<'a, T>(ptr: *const T, len: usize) -> &'a [T] {
+    if ptr.is_null() || len == 0 {
+        &[]
+    } else {
+        std::slice::from_raw_parts(ptr, len)
+    }
+}

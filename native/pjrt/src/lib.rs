@@ -1,0 +1,24 @@
+//! Safe bindings to the PJRT C API.
+//!
+//! Plugins are shared libraries exporting `GetPjrtApi`; they are loaded at run
+//! time (`Plugin::load`), their API version is checked before any function is
+//! called, and every handle is an owned Rust value released exactly once.
+
+mod buffer;
+mod client;
+mod compile_options;
+mod error;
+mod event;
+mod executable;
+pub mod ffi;
+mod plugin;
+mod types;
+
+pub use buffer::Buffer;
+pub use client::{Client, Device, OptionValue};
+pub use compile_options::CompileOptions;
+pub use error::{Error, Result};
+pub use event::Event;
+pub use executable::LoadedExecutable;
+pub use plugin::{Plugin, MIN_API_VERSION};
+pub use types::{ElementType, Shape};

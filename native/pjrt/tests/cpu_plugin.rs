@@ -1,0 +1,318 @@
+//! Tests of the bindings against the real CPU plugin, whose path is given by
+//! `PJRT_PLUGIN_PATH` (`.ci/run` installs the plugin and sets it).
+
+use std::sync::Arc;
+
+use pjrt::{Buffer, Client, CompileOptions, ElementType, Error, OptionValue, Plugin, Shape};
+
+const ADD: &str = r#"
+module {
+  func.func public @main(%a: tensor<3xf32>, %b: tensor<3xf32>) -> tensor<3xf32> {
+    %0 = stablehlo.add %a, %b : tensor<3xf32>
+    return %0 : tensor<3xf32>
+  }
+}
+"#;
+
+const ADD_DONATING: &str = r#"
+module {
+  func.func public @main(%a: tensor<3xf32> {tf.aliasing_output = 0 : i32}, %b: tensor<3xf32>) -> tensor<3xf32> {
+    %0 = stablehlo.add %a, %b : tensor<3xf32>
+    return %0 : tensor<3xf32>
+  }
+}
+"#;
+
+const TWO_RESULTS: &str = r#"
+module {
+  func.func public @main(%a: tensor<2x2xi64>) -> (tensor<2x2xi64>, tensor<i1>) {
+    %0 = stablehlo.multiply %a, %a : tensor<2x2xi64>
+    %c = stablehlo.constant dense<0> : tensor<i64>
+    %m = stablehlo.reduce(%a init: %c) applies stablehlo.add across dimensions = [0, 1] : (tensor<2x2xi64>, tensor<i64>) -> tensor<i64>
+    %1 = stablehlo.compare GT, %m, %c : (tensor<i64>, tensor<i64>) -> tensor<i1>
+    return %0, %1 : tensor<2x2xi64>, tensor<i1>
+  }
+}
+"#;
+
+fn plugin() -> Arc<Plugin> {
+    let path = std::env::var("PJRT_PLUGIN_PATH")
+        .expect("set PJRT_PLUGIN_PATH to the CPU plugin (xla_cpu_pjrt.so); .ci/run installs it");
+    Plugin::load(path).expect("the CPU plugin loads")
+}
+
+fn client(devices: i64) -> Arc<Client> {
+    Client::create(
+        &plugin(),
+        &[("cpu_device_count".into(), OptionValue::Int64(devices))],
+    )
+    .expect("a CPU client")
+}
+
+fn f32_shape(dims: &[i64]) -> Shape {
+    Shape::new(ElementType::F32, dims.to_vec()).unwrap()
+}
+
+fn f32_bytes(values: &[f32]) -> Vec<u8> {
+    values.iter().flat_map(|v| v.to_le_bytes()).collect()
+}
+
+fn read_f32(buffer: &Buffer) -> Vec<f32> {
+    let mut bytes = vec![0u8; buffer.shape().byte_size().unwrap()];
+    buffer.copy_to_host(&mut bytes).unwrap();
+    bytes
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+        .collect()
+}
+
+fn upload(client: &Arc<Client>, values: &[f32]) -> Buffer {
+    client
+        .buffer_from_host(&f32_bytes(values), &f32_shape(&[values.len() as i64]), 0)
+        .unwrap()
+}
+
+fn compile(client: &Arc<Client>, mlir: &str, inputs: Vec<Shape>) -> pjrt::LoadedExecutable {
+    compile_on(client, mlir, inputs, 0)
+}
+
+fn compile_on(
+    client: &Arc<Client>,
+    mlir: &str,
+    inputs: Vec<Shape>,
+    device: usize,
+) -> pjrt::LoadedExecutable {
+    client
+        .compile(mlir.as_bytes(), device, &CompileOptions::default())
+        .unwrap()
+        .with_input_shapes(inputs)
+}
+
+#[test]
+fn reports_version_and_devices() {
+    let plugin = plugin();
+    assert!(plugin.api_version() >= pjrt::MIN_API_VERSION);
+    let one = client(1);
+    assert_eq!(one.platform_name(), "cpu");
+    assert_eq!(one.devices().len(), 1);
+    assert_eq!(client(3).devices().len(), 3);
+    assert!(matches!(one.device(1), Err(Error::InvalidArgument(_))));
+}
+
+#[test]
+fn loading_twice_returns_the_same_plugin() {
+    assert!(Arc::ptr_eq(&plugin(), &plugin()));
+}
+
+#[test]
+fn compiles_and_executes() {
+    let client = client(1);
+    let exe = compile(&client, ADD, vec![f32_shape(&[3]), f32_shape(&[3])]);
+    assert_eq!(exe.output_shapes(), &[f32_shape(&[3])]);
+    let a = upload(&client, &[1.0, 2.0, 3.0]);
+    let b = upload(&client, &[10.0, 20.0, 30.0]);
+    let out = exe.execute(&[&a, &b], &[]).unwrap();
+    assert_eq!(read_f32(&out[0]), vec![11.0, 22.0, 33.0]);
+    // Inputs are untouched and can be used again.
+    let again = exe.execute(&[&out[0], &b], &[]).unwrap();
+    assert_eq!(read_f32(&again[0]), vec![21.0, 42.0, 63.0]);
+}
+
+#[test]
+fn executes_programs_with_several_results_and_types() {
+    let client = client(1);
+    let input = Shape::new(ElementType::S64, vec![2, 2]).unwrap();
+    let exe = compile(&client, TWO_RESULTS, vec![input.clone()]);
+    assert_eq!(exe.output_shapes()[1].element_type, ElementType::Pred);
+    let data: Vec<u8> = [1i64, -2, 3, 4]
+        .iter()
+        .flat_map(|v| v.to_le_bytes())
+        .collect();
+    let a = client.buffer_from_host(&data, &input, 0).unwrap();
+    let out = exe.execute(&[&a], &[]).unwrap();
+    let mut squares = vec![0u8; 32];
+    out[0].copy_to_host(&mut squares).unwrap();
+    let squares: Vec<i64> = squares
+        .chunks_exact(8)
+        .map(|c| i64::from_le_bytes(c.try_into().unwrap()))
+        .collect();
+    assert_eq!(squares, vec![1, 4, 9, 16]);
+    let mut positive = [0u8; 1];
+    out[1].copy_to_host(&mut positive).unwrap();
+    assert_eq!(positive, [1]);
+}
+
+#[test]
+fn reads_a_prefix_and_rejects_oversized_reads() {
+    let client = client(1);
+    let a = upload(&client, &[1.0, 2.0, 3.0]);
+    let mut first = [0u8; 4];
+    a.copy_to_host(&mut first).unwrap();
+    assert_eq!(f32::from_le_bytes(first), 1.0);
+    let mut too_big = [0u8; 16];
+    assert!(matches!(
+        a.copy_to_host(&mut too_big),
+        Err(Error::InvalidArgument(_))
+    ));
+}
+
+#[test]
+fn rejects_arguments_of_the_wrong_type_or_shape() {
+    let client = client(1);
+    let exe = compile(&client, ADD, vec![f32_shape(&[3]), f32_shape(&[3])]);
+    let a = upload(&client, &[1.0, 2.0, 3.0]);
+    let ints = client
+        .buffer_from_host(
+            &[0u8; 12],
+            &Shape::new(ElementType::S32, vec![3]).unwrap(),
+            0,
+        )
+        .unwrap();
+    let matrix = client
+        .buffer_from_host(&[0u8; 12], &f32_shape(&[1, 3]), 0)
+        .unwrap();
+    for bad in [&ints, &matrix] {
+        match exe.execute(&[&a, bad], &[]) {
+            Err(Error::InvalidArgument(message)) => assert!(message.contains("argument 1")),
+            other => panic!("expected an argument error, got {:?}", other.err()),
+        }
+    }
+    assert!(matches!(
+        exe.execute(&[&a], &[]),
+        Err(Error::InvalidArgument(_))
+    ));
+}
+
+#[test]
+fn rejects_binaries_of_the_wrong_size() {
+    let client = client(1);
+    let result = client.buffer_from_host(&[0u8; 8], &f32_shape(&[3]), 0);
+    assert!(matches!(result, Err(Error::InvalidArgument(_))));
+    assert!(Shape::new(ElementType::F32, vec![-1]).is_err());
+    assert!(Shape::new(ElementType::F64, vec![i64::MAX, i64::MAX]).is_err());
+}
+
+#[test]
+fn reports_invalid_programs() {
+    let client = client(1);
+    for bad in [
+        "",
+        "module {",
+        "not mlir at all",
+        "module { func.func @other() { return } }",
+    ] {
+        let err = client
+            .compile(bad.as_bytes(), 0, &CompileOptions::default())
+            .err()
+            .expect("compilation fails");
+        assert!(!err.to_string().is_empty());
+    }
+}
+
+#[test]
+fn refuses_zero_replicas_before_the_plugin_sees_them() {
+    let client = client(1);
+    let options = CompileOptions {
+        device_ordinal: -1,
+        num_replicas: 0,
+        num_partitions: 1,
+    };
+    let result = client.compile(ADD.as_bytes(), 0, &options);
+    assert!(matches!(result, Err(Error::InvalidArgument(_))));
+}
+
+#[test]
+fn deleted_buffers_fail_cleanly() {
+    let client = client(1);
+    let exe = compile(&client, ADD, vec![f32_shape(&[3]), f32_shape(&[3])]);
+    let a = upload(&client, &[1.0, 2.0, 3.0]);
+    assert!(a.delete().unwrap());
+    assert!(!a.delete().unwrap());
+    assert_eq!(
+        exe.execute(&[&a, &a], &[]).err(),
+        Some(Error::DeletedBuffer)
+    );
+    let mut bytes = [0u8; 12];
+    assert_eq!(a.copy_to_host(&mut bytes).err(), Some(Error::DeletedBuffer));
+    assert_eq!(
+        Error::DeletedBuffer.to_string(),
+        "called on deleted or donated buffer"
+    );
+}
+
+#[test]
+fn donates_only_when_asked() {
+    let client = client(1);
+    let exe = compile(
+        &client,
+        ADD_DONATING,
+        vec![f32_shape(&[3]), f32_shape(&[3])],
+    );
+    let a = upload(&client, &[1.0, 2.0, 3.0]);
+    let b = upload(&client, &[1.0, 1.0, 1.0]);
+    let kept = exe.execute(&[&a, &b], &[]).unwrap();
+    assert_eq!(read_f32(&kept[0]), vec![2.0, 3.0, 4.0]);
+    assert!(!a.is_deleted().unwrap());
+    let donated = exe.execute(&[&a, &b], &[0]).unwrap();
+    assert_eq!(read_f32(&donated[0]), vec![2.0, 3.0, 4.0]);
+    assert!(a.is_deleted().unwrap());
+}
+
+#[test]
+fn runs_on_a_chosen_device_and_copies_between_devices() {
+    let client = client(2);
+    let shapes = vec![f32_shape(&[3]), f32_shape(&[3])];
+    let exe = compile_on(&client, ADD, shapes.clone(), 1);
+    assert_eq!(exe.device(), 1);
+    let a = upload(&client, &[1.0, 2.0, 3.0]);
+    let a1 = a.copy_to_device(1).unwrap();
+    assert_eq!(a1.device(), 1);
+    let out = exe.execute(&[&a1, &a1], &[]).unwrap();
+    assert_eq!(out[0].device(), 1);
+    assert_eq!(read_f32(&out[0]), vec![2.0, 4.0, 6.0]);
+    // Arguments on another device than the executable's are refused.
+    assert!(matches!(
+        exe.execute(&[&a, &a1], &[]),
+        Err(Error::InvalidArgument(_))
+    ));
+    let out_of_range = client.compile(ADD.as_bytes(), 2, &CompileOptions::default());
+    assert!(matches!(out_of_range, Err(Error::InvalidArgument(_))));
+}
+
+#[test]
+fn serializes_and_deserializes() {
+    let client = client(1);
+    let exe = compile(&client, ADD, vec![f32_shape(&[3]), f32_shape(&[3])]);
+    let bytes = exe.serialize().unwrap();
+    assert!(!bytes.is_empty());
+    let loaded = client
+        .deserialize(&bytes, 0)
+        .unwrap()
+        .with_input_shapes(vec![f32_shape(&[3]), f32_shape(&[3])]);
+    let a = upload(&client, &[1.0, 2.0, 3.0]);
+    let out = loaded.execute(&[&a, &a], &[]).unwrap();
+    assert_eq!(read_f32(&out[0]), vec![2.0, 4.0, 6.0]);
+    assert!(client.deserialize(b"garbage", 0).is_err());
+    assert!(client.deserialize(b"", 0).is_err());
+}
+
+#[test]
+fn buffers_from_another_client_are_refused() {
+    let first = client(1);
+    let second = client(1);
+    let exe = compile(&first, ADD, vec![f32_shape(&[3]), f32_shape(&[3])]);
+    let a = upload(&second, &[1.0, 2.0, 3.0]);
+    assert!(matches!(
+        exe.execute(&[&a, &a], &[]),
+        Err(Error::InvalidArgument(_))
+    ));
+}
+
+#[test]
+fn plugin_errors_name_the_problem() {
+    let missing = Plugin::load("/nonexistent/plugin.so").err().unwrap();
+    assert!(matches!(missing, Error::PluginLoad { .. }));
+    // A shared library that is not a PJRT plugin.
+    let not_plugin = std::env::current_exe().unwrap();
+    assert!(Plugin::load(not_plugin).is_err());
+}
