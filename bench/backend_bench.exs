@@ -1,0 +1,89 @@
+# EXLA.Backend against Nx.BinaryBackend and the raw execute floor.
+#
+#     MIX_ENV=prod mix run bench/backend_bench.exs
+#
+# Every number is the median, over several rounds, of the mean time of one
+# call (including waiting for its result) in a tight loop.
+defmodule BackendBench do
+  @rounds 5
+
+  def measure(name, iterations, fun) do
+    for _ <- 1..max(div(iterations, 10), 1), do: fun.()
+
+    times =
+      for _ <- 1..@rounds do
+        {us, _} = :timer.tc(fn -> loop(fun, iterations) end)
+        us / iterations
+      end
+
+    median = times |> Enum.sort() |> Enum.at(div(@rounds, 2))
+
+    IO.puts(
+      (String.pad_trailing(name, 44) <> :io_lib.format("~12.3f µs", [median]))
+      |> to_string()
+    )
+
+    median
+  end
+
+  defp loop(_fun, 0), do: :ok
+
+  defp loop(fun, n) do
+    fun.()
+    loop(fun, n - 1)
+  end
+
+  def wait(%Nx.Tensor{data: %EXLA.Backend{buffer: buffer}}), do: EXLA.DeviceBuffer.await([buffer])
+  def wait(%Nx.Tensor{}), do: :ok
+
+  def ratio(name, a, b), do: IO.puts("#{name}: #{Float.round(a / b, 2)}x")
+end
+
+client = EXLA.Client.fetch!(EXLA.Client.default_name())
+
+# Tiny: Nx.add on f32[3]
+x = Nx.tensor([1.0, 2.0, 3.0], backend: EXLA.Backend)
+xb = Nx.backend_copy(x, Nx.BinaryBackend)
+%{mlir_module: mlir} = EXLA.to_mlir_module(&Nx.add/2, [x, x])
+exe = EXLA.Executable.compile(client, mlir)
+buffer = x.data.buffer
+
+floor =
+  BackendBench.measure("floor: Executable.run add f32[3]", 20_000, fn ->
+    [[out]] = EXLA.Executable.run(exe, [[buffer, buffer]])
+    EXLA.DeviceBuffer.await([out])
+  end)
+
+exla_add =
+  BackendBench.measure("EXLA.Backend Nx.add f32[3]", 20_000, fn ->
+    BackendBench.wait(Nx.add(x, x))
+  end)
+
+bin_add = BackendBench.measure("BinaryBackend Nx.add f32[3]", 20_000, fn -> Nx.add(xb, xb) end)
+
+# Large element-wise: exp(a) + a on f32[1_000_000]
+big = Nx.iota({1_000_000}, type: {:f, 32}, backend: EXLA.Backend) |> Nx.divide(1_000_000)
+bigb = Nx.backend_copy(big, Nx.BinaryBackend)
+ew = fn t -> Nx.add(Nx.exp(t), t) end
+
+exla_ew =
+  BackendBench.measure("EXLA.Backend exp(a)+a f32[1e6]", 20, fn -> BackendBench.wait(ew.(big)) end)
+
+bin_ew = BackendBench.measure("BinaryBackend exp(a)+a f32[1e6]", 2, fn -> ew.(bigb) end)
+
+# Matmul f32[128x128]
+m = Nx.iota({128, 128}, type: {:f, 32}, backend: EXLA.Backend) |> Nx.divide(128 * 128)
+mb = Nx.backend_copy(m, Nx.BinaryBackend)
+
+exla_mm =
+  BackendBench.measure("EXLA.Backend dot f32[128x128]", 200, fn ->
+    BackendBench.wait(Nx.dot(m, m))
+  end)
+
+bin_mm = BackendBench.measure("BinaryBackend dot f32[128x128]", 2, fn -> Nx.dot(mb, mb) end)
+
+IO.puts("")
+BackendBench.ratio("Nx.add f32[3] EXLA / floor", exla_add, floor)
+BackendBench.ratio("Nx.add f32[3] BinaryBackend / EXLA", bin_add, exla_add)
+BackendBench.ratio("exp(a)+a f32[1e6] BinaryBackend / EXLA", bin_ew, exla_ew)
+BackendBench.ratio("dot 128x128 BinaryBackend / EXLA", bin_mm, exla_mm)

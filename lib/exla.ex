@@ -1,0 +1,231 @@
+defmodule EXLA do
+  @moduledoc """
+  [Google's XLA](https://openxla.org/xla) (Accelerated Linear Algebra)
+  compiler/backend for Nx, running on PJRT plugins.
+
+  EXLA is both a backend for tensors, `EXLA.Backend`, and a compiler for
+  `defn`/`Nx.Defn` functions.
+
+  ## Configuration
+
+  To keep tensors on the device by default, set the backend in your
+  `config/config.exs`:
+
+      import Config
+      config :nx, :default_backend, EXLA.Backend
+
+  or, in a script or notebook, call `Nx.global_default_backend(EXLA.Backend)`.
+  To compile numerical definitions with EXLA by default:
+
+      config :nx, :default_defn_options, compiler: EXLA
+
+  or call `Nx.Defn.global_default_options(compiler: EXLA)`.
+
+  EXLA picks the client to allocate and compute on from `:preferred_clients`
+  (`[:cuda, :rocm, :tpu, :host]` by default): the first one whose platform is
+  available. Set `config :exla, :default_client, :host` to choose one; see
+  `EXLA.Client` for the configuration of clients.
+
+  Inspecting a tensor on `EXLA.Backend` shows the client, device and buffer
+  reference it lives in. Set `config :exla, :add_backend_on_inspect, false`
+  to leave that line out.
+
+  ## Options
+
+  The functions in this module (and `Nx.Defn` with `compiler: EXLA`) accept:
+
+    * `:client` - the client (an atom, see `EXLA.Client`) to compile and run
+      on. Defaults to the default client.
+
+    * `:device_id` - the device of the client to run on. Defaults to the
+      client's default device.
+
+    * `:precision` - the precision of dot products and convolutions on
+      floating point operands: `:default`, `:high` or `:highest`. Defaults
+      to `:default`.
+
+    * `:cache` - when `false`, the function is compiled on every call and
+      the result is not kept in the cache. Defaults to `true`.
+
+    * `:debug` - when `true`, logs (at the debug level) the time spent
+      evaluating the expression, compiling it (with whether each was a cache
+      hit or miss) and executing it. Defaults to `false`.
+
+    * `:lazy_transfers` - `:always`, `:never` or `:opt_in`: whether inputs
+      are transferred to the device only when needed. Inputs are currently
+      always transferred before the computation starts. Defaults to `:never`.
+
+  Any other option raises an `ArgumentError`, except `:hooks` which is
+  given by `Nx.Defn`.
+
+  ## Caching
+
+  A function is compiled once per combination of argument types, shapes and
+  names, options, client and device. When many processes call a function that
+  is not yet compiled, one of them compiles it while the others wait for it
+  and reuse its result. `cached?/3` tells whether a call would be served from
+  the cache. Calls served from the cache neither evaluate nor lower the
+  expression; see `EXLA.Defn` for what such a call does.
+
+  ## Telemetry
+
+  EXLA emits `[:exla, :compilation]` once per compilation, with the
+  measurements `:eval_time` (building the expression), `:compile_time`
+  (lowering it and compiling it with XLA) and `:total_time` (their sum), all
+  in microseconds, and the metadata `%{key: key}` where `key` is the
+  compiled function.
+
+  ## Examples
+
+      iex> fun = EXLA.jit(&Nx.add/2)
+      iex> fun.(Nx.tensor([1, 2, 3]), Nx.tensor([4, 5, 6]))
+      #Nx.Tensor<
+        s64[3]
+        [5, 7, 9]
+      >
+
+  """
+
+  @behaviour Nx.Defn.Compiler
+
+  @doc """
+  Wraps `function` so that it is compiled with EXLA when called.
+
+  It is a shortcut for `Nx.Defn.jit/2` with `compiler: EXLA`. See the
+  module documentation for the options.
+
+  ## Examples
+
+      iex> fun = EXLA.jit(fn x, y -> Nx.multiply(x, y) end)
+      iex> fun.(Nx.tensor([1.0, 2.0]), Nx.tensor(3.0))
+      #Nx.Tensor<
+        f32[2]
+        [3.0, 6.0]
+      >
+
+  """
+  def jit(function, options \\ []) when is_function(function) and is_list(options) do
+    Nx.Defn.jit(function, Keyword.put(options, :compiler, __MODULE__))
+  end
+
+  @doc """
+  Compiles `function` with EXLA and applies it to `args`.
+
+  It is a shortcut for `Nx.Defn.jit_apply/3` with `compiler: EXLA`.
+
+  ## Examples
+
+      iex> EXLA.jit_apply(&Nx.sum/1, [Nx.tensor([1, 2, 3])])
+      #Nx.Tensor<
+        s64
+        6
+      >
+
+  """
+  def jit_apply(function, args, options \\ [])
+      when is_function(function) and is_list(args) and is_list(options) do
+    Nx.Defn.jit_apply(function, args, Keyword.put(options, :compiler, __MODULE__))
+  end
+
+  @doc """
+  Compiles `function` ahead of time for arguments shaped like `args`.
+
+  `args` may be tensors or templates (see `Nx.template/3`). The returned
+  function only accepts arguments compatible with `args` and runs without
+  looking at the cache. It is a shortcut for `Nx.Defn.compile/3` with
+  `compiler: EXLA`.
+
+  ## Examples
+
+      iex> fun = EXLA.compile(&Nx.negate/1, [Nx.template({2}, {:f, 32})])
+      iex> fun.(Nx.tensor([1.0, -2.0]))
+      #Nx.Tensor<
+        f32[2]
+        [-1.0, 2.0]
+      >
+
+  """
+  def compile(function, args, options \\ [])
+      when is_function(function) and is_list(args) and is_list(options) do
+    Nx.Defn.compile(function, args, Keyword.put(options, :compiler, __MODULE__))
+  end
+
+  @doc """
+  Starts streaming `function` with EXLA.
+
+  It is a shortcut for `Nx.Defn.stream/3` with `compiler: EXLA`.
+  """
+  def stream(function, args, options \\ [])
+      when is_function(function) and is_list(args) and is_list(options) do
+    Nx.Defn.stream(function, args, Keyword.put(options, :compiler, __MODULE__))
+  end
+
+  @doc """
+  Returns whether `function` applied to `args` with `options` is compiled
+  and cached already. Nothing is compiled or run.
+
+  ## Examples
+
+      iex> fun = fn x -> Nx.add(x, 10) end
+      iex> EXLA.cached?(fun, [Nx.tensor([1, 2, 3])])
+      false
+      iex> EXLA.jit_apply(fun, [Nx.tensor([1, 2, 3])])
+      iex> EXLA.cached?(fun, [Nx.tensor([1, 2, 3])])
+      true
+      iex> EXLA.cached?(fun, [Nx.tensor([1.0, 2.0, 3.0])])
+      false
+
+  """
+  def cached?(function, args, options \\ [])
+      when is_function(function) and is_list(args) and is_list(options) do
+    EXLA.Defn.__with_mode__(:cached?, fn -> jit_apply(function, args, options) end)
+  end
+
+  @doc """
+  Returns whether the stream of `function` with `args` and `options` is
+  compiled and cached already. Nothing is compiled or run.
+  """
+  def stream_cached?(function, args, options \\ [])
+      when is_function(function) and is_list(args) and is_list(options) do
+    EXLA.Defn.__with_mode__(:cached?, fn -> stream(function, args, options) end)
+  end
+
+  @doc """
+  Returns the StableHLO module `function` compiles to for `args`.
+
+  It returns a map with:
+
+    * `:mlir_module` - the module as text
+    * `:used_inputs` - the positions (in the flattened arguments) of the
+      inputs the computation reads
+    * `:output_container` - the output, with template tensors
+
+  `args` may be templates. Nothing is compiled by XLA or cached.
+
+  ## Examples
+
+      iex> %{mlir_module: mlir} = EXLA.to_mlir_module(&Nx.add/2, [Nx.template({3}, {:f, 32}), Nx.template({3}, {:f, 32})])
+      iex> mlir =~ "func.func public @main"
+      true
+
+  """
+  def to_mlir_module(function, args, options \\ [])
+      when is_function(function) and is_list(args) and is_list(options) do
+    EXLA.Defn.__with_mode__(:to_mlir, fn -> jit_apply(function, args, options) end)
+  end
+
+  @impl Nx.Defn.Compiler
+  defdelegate __jit__(key, vars, fun, args_list, opts), to: EXLA.Defn
+
+  @impl Nx.Defn.Compiler
+  defdelegate __compile__(key, vars, fun, opts), to: EXLA.Defn
+
+  @impl Nx.Defn.Compiler
+  defdelegate __stream__(key, input, acc, vars, fun, args_list, opts), to: EXLA.Defn
+
+  @impl Nx.Defn.Compiler
+  defdelegate __partitions_options__(opts), to: EXLA.Defn
+
+  @impl Nx.Defn.Compiler
+  defdelegate __to_backend__(opts), to: EXLA.Defn
+end

@@ -1,0 +1,419 @@
+defmodule EXLA.Backend do
+  @moduledoc """
+  A Nx tensor backend for the data kept on the device.
+
+  You can directly transfer to this backend by calling
+  `Nx.backend_transfer/2` or `Nx.backend_copy/2`. It
+  allows the following options:
+
+    * `:client` - the client to store the data on.
+      Defaults to EXLA's default client.
+
+    * `:device_id` - which device to store it on.
+      Defaults to the client's default device.
+
+  To get the data out of the device backend into a regular
+  tensor, call `Nx.backend_transfer/1` (with the device
+  tensor as the single argument).
+
+  Operations on tensors of this backend are compiled with XLA, one small
+  executable per operation, and cached per operation, argument types and
+  shapes, options, client and device: repeating an operation on tensors of
+  the same shape reuses its executable. Optional operations (such as
+  `Nx.LinAlg.qr/2` or `Nx.cumulative_sum/2`) are compiled as a whole.
+
+  When the arguments of an operation live on different clients or devices,
+  it runs where its first argument on this backend lives, and the other
+  arguments are copied there. Tensors of other backends are sent to that
+  device.
+
+  `Nx.backend_deallocate/1` frees the device memory at once; using the
+  tensor afterwards raises an error.
+
+  ## Examples
+
+      iex> t = Nx.tensor([1, 2, 3], backend: EXLA.Backend)
+      iex> Nx.add(t, t)
+      #Nx.Tensor<
+        s64[3]
+        [2, 4, 6]
+      >
+
+      iex> t = Nx.tensor([1.0, 2.0], backend: {EXLA.Backend, client: :host})
+      iex> Nx.backend_transfer(t)
+      #Nx.Tensor<
+        f32[2]
+        [1.0, 2.0]
+      >
+
+  Inspecting a tensor on this backend also prints a line such as
+  `EXLA.Backend<host:0, 0.1234.5678.90>` with the client, device and
+  buffer reference, unless `config :exla, :add_backend_on_inspect, false`.
+  """
+
+  @behaviour Nx.Backend
+
+  @enforce_keys [:buffer]
+  defstruct [:buffer]
+
+  alias Nx.Tensor, as: T
+  alias EXLA.Backend, as: B
+  alias EXLA.Defn.{Compiled, LockedCache}
+
+  ## Creation
+
+  @impl true
+  def init(opts) do
+    opts = Keyword.validate!(opts, [:client, :device_id])
+
+    case opts[:client] do
+      nil -> :ok
+      client when is_atom(client) -> :ok
+      other -> raise ArgumentError, ":client must be an atom, got: #{inspect(other)}"
+    end
+
+    case opts[:device_id] do
+      nil ->
+        :ok
+
+      id when is_integer(id) and id >= 0 ->
+        :ok
+
+      other ->
+        raise ArgumentError, ":device_id must be a non-negative integer, got: #{inspect(other)}"
+    end
+
+    opts
+  end
+
+  @impl true
+  def from_binary(%T{type: type, shape: shape} = out, binary, opts) do
+    {client, device_id} = client_and_device!(opts)
+    exla_shape = EXLA.Shape.make_shape(type, shape)
+    buffer = EXLA.DeviceBuffer.place_on_device(binary, exla_shape, client, device_id)
+    %{out | data: %B{buffer: buffer}}
+  end
+
+  @impl true
+  def constant(out, number, opts) do
+    binary = out |> Nx.BinaryBackend.constant(number, []) |> Nx.to_binary()
+    from_binary(out, binary, opts)
+  end
+
+  @impl true
+  def eye(out, opts), do: create(:eye, out, [], opts)
+
+  @impl true
+  def iota(out, axis, opts), do: create(:iota, out, [axis], opts)
+
+  defp create(op, out, args, opts) do
+    {client, device_id} = client_and_device!(opts)
+    jit(op, out, args, {client.name, device_id})
+  end
+
+  defp client_and_device!(opts) do
+    client = EXLA.Client.fetch!(opts[:client] || EXLA.Client.default_name())
+    device_id = opts[:device_id] || client.default_device_id
+
+    unless is_integer(device_id) and device_id >= 0 and device_id < client.device_count do
+      raise ArgumentError,
+            "invalid :device_id #{inspect(device_id)} for client #{inspect(client.name)} " <>
+              "with #{client.device_count} device(s)"
+    end
+
+    {client, device_id}
+  end
+
+  ## Transfers and lifetime
+
+  @impl true
+  def to_binary(%T{type: {_, bits}, data: %B{buffer: buffer}}, limit) do
+    count = Tuple.product(buffer.shape.dims)
+
+    if limit >= count do
+      EXLA.DeviceBuffer.read(buffer)
+    else
+      EXLA.DeviceBuffer.read(buffer, limit * div(bits, 8))
+    end
+  end
+
+  @impl true
+  def backend_copy(%T{data: %B{buffer: buffer}} = tensor, B, opts) do
+    {client, device_id} = client_and_device!(opts)
+    %{tensor | data: %B{buffer: EXLA.DeviceBuffer.copy_to_device(buffer, client, device_id)}}
+  end
+
+  def backend_copy(tensor, Nx.Tensor, opts), do: backend_copy(tensor, Nx.BinaryBackend, opts)
+
+  def backend_copy(%T{data: %B{buffer: buffer}} = tensor, backend, opts) do
+    backend.from_binary(tensor, EXLA.DeviceBuffer.read(buffer), opts)
+  end
+
+  @impl true
+  def backend_transfer(%T{data: %B{buffer: buffer}} = tensor, B, opts) do
+    {client, device_id} = client_and_device!(opts)
+
+    if buffer.client_name == client.name and buffer.device_id == device_id do
+      tensor
+    else
+      copy = backend_copy(tensor, B, opts)
+      EXLA.DeviceBuffer.deallocate(buffer)
+      copy
+    end
+  end
+
+  def backend_transfer(%T{data: %B{buffer: buffer}} = tensor, backend, opts) do
+    copy = backend_copy(tensor, backend, opts)
+    EXLA.DeviceBuffer.deallocate(buffer)
+    copy
+  end
+
+  @impl true
+  def backend_deallocate(%T{data: %B{buffer: buffer}}) do
+    EXLA.DeviceBuffer.deallocate(buffer)
+  end
+
+  @impl true
+  def to_batched(out, %T{type: {_, bits}, data: %B{buffer: buffer}}, batch_opts) do
+    opts = [client: buffer.client_name, device_id: buffer.device_id]
+    binary = EXLA.DeviceBuffer.read(buffer)
+    batch_bytes = Nx.size(out) * div(bits, 8)
+    total = byte_size(binary)
+    full = div(total, batch_bytes)
+    rest = total - full * batch_bytes
+
+    last =
+      if rest > 0 and batch_opts[:leftover] == :repeat,
+        do: full,
+        else: full - 1
+
+    Stream.map(0..last//1, fn
+      ^full ->
+        missing = batch_bytes - rest
+        batch = [binary_part(binary, full * batch_bytes, rest), binary_part(binary, 0, missing)]
+        from_binary(out, IO.iodata_to_binary(batch), opts)
+
+      i ->
+        from_binary(out, binary_part(binary, i * batch_bytes, batch_bytes), opts)
+    end)
+  end
+
+  ## Inspect
+
+  @impl true
+  def inspect(%T{data: %B{buffer: buffer}} = tensor, inspect_opts) do
+    count = Tuple.product(buffer.shape.dims)
+
+    limit =
+      case inspect_opts.limit do
+        :infinity -> count
+        limit -> min(limit + 1, count)
+      end
+
+    binary = to_binary(tensor, limit)
+    doc = Nx.Backend.inspect(tensor, binary, inspect_opts)
+
+    if Application.get_env(:exla, :add_backend_on_inspect, true) do
+      Inspect.Algebra.concat([signature(buffer), Inspect.Algebra.line(), doc])
+    else
+      doc
+    end
+  end
+
+  defp signature(buffer) do
+    "EXLA.Backend<#{buffer.client_name}:#{buffer.device_id}, #{ref_string(buffer.ref)}>"
+  end
+
+  defp ref_string(ref) when is_reference(ref) do
+    case :erlang.ref_to_list(ref) do
+      ~c"#Ref<" ++ rest -> rest |> List.delete_at(-1) |> List.to_string()
+      other -> List.to_string(other)
+    end
+  end
+
+  defp ref_string(other), do: inspect(other)
+
+  ## Operations compiled with XLA
+
+  unary_ops =
+    Enum.map(Nx.Shared.unary_math_funs(), &elem(&1, 0)) ++
+      [:abs, :bitwise_not, :ceil, :conjugate, :floor, :negate, :round, :sign] ++
+      [:count_leading_zeros, :population_count, :real, :imag, :is_nan, :is_infinity] ++
+      [:as_type, :bitcast, :reshape]
+
+  binary_ops =
+    [:add, :subtract, :multiply, :pow, :remainder, :divide, :atan2, :min, :max, :quotient] ++
+      [:bitwise_and, :bitwise_or, :bitwise_xor, :left_shift, :right_shift] ++
+      [:equal, :not_equal, :greater, :less, :greater_equal, :less_equal] ++
+      [:logical_and, :logical_or, :logical_xor]
+
+  other_ops = [
+    squeeze: 2,
+    broadcast: 3,
+    transpose: 2,
+    pad: 3,
+    reverse: 2,
+    dot: 6,
+    clip: 3,
+    slice: 4,
+    put_slice: 3,
+    take: 3,
+    take_along_axis: 3,
+    gather: 3,
+    concatenate: 2,
+    select: 3,
+    conv: 3,
+    all: 2,
+    any: 2,
+    sum: 2,
+    product: 2,
+    reduce_max: 2,
+    reduce_min: 2,
+    argmax: 2,
+    argmin: 2,
+    reduce: 4,
+    window_reduce: 5,
+    window_sum: 3,
+    window_product: 3,
+    window_max: 3,
+    window_min: 3,
+    map: 3,
+    sort: 2,
+    argsort: 2,
+    window_scatter_max: 5,
+    window_scatter_min: 5,
+    indexed_add: 4,
+    indexed_put: 4,
+    lu: 2,
+    triangular_solve: 3,
+    fft: 2,
+    ifft: 2
+  ]
+
+  all_ops = Enum.map(unary_ops, &{&1, 1}) ++ Enum.map(binary_ops, &{&1, 2}) ++ other_ops
+
+  for {op, arity} <- all_ops do
+    args = Macro.generate_arguments(arity, __MODULE__)
+
+    @impl true
+    def unquote(op)(out, unquote_splicing(args)) do
+      jit(unquote(op), out, unquote(args), nil)
+    end
+  end
+
+  @impl true
+  def optional(name, args, fun) do
+    {skeleton, {tensors, place}} = scan(args, {[], nil}, true)
+    {client_name, device_id} = place || default_place()
+    key = {__MODULE__, :optional, name, skeleton, client_name, device_id}
+    tensors = Enum.reverse(tensors)
+
+    compiled =
+      LockedCache.get(key) ||
+        compile(key, name, tensors, client_name, device_id, fn params ->
+          {filled, []} = fill(skeleton, params)
+          Nx.Defn.Expr.optional(name, filled, fun)
+        end)
+
+    EXLA.Defn.__run__(compiled, tensors)
+  end
+
+  ## Compile-and-run machinery
+
+  # Runs `op` of `Nx.Defn.Expr` on `args` as a cached XLA executable. The
+  # key replaces every tensor in `args` by its type and shape, so it holds
+  # the static arguments (axes, options, functions) as they are.
+  defp jit(op, out, args, place) do
+    {skeleton, {tensors, found}} = scan(args, {[], nil}, false)
+    {client_name, device_id} = place || found || default_place()
+    key = {__MODULE__, op, out_key(out), skeleton, client_name, device_id}
+    tensors = Enum.reverse(tensors)
+
+    compiled =
+      case LockedCache.get(key) do
+        nil ->
+          template = out_template(out)
+
+          compile(key, op, tensors, client_name, device_id, fn params ->
+            {filled, []} = fill(skeleton, params)
+            apply(Nx.Defn.Expr, op, [template | filled])
+          end)
+
+        compiled ->
+          compiled
+      end
+
+    attach(out, EXLA.Defn.__run_buffers__(compiled, tensors))
+  end
+
+  defp compile(key, name, tensors, client_name, device_id, build) do
+    templates = Enum.map(tensors, &%{&1 | data: nil})
+    opts = [client: client_name, device_id: device_id]
+    %Compiled{} = EXLA.Defn.__compile_op__(key, name, templates, build, opts)
+  end
+
+  defp default_place do
+    client = EXLA.Client.fetch!(EXLA.Client.default_name())
+    {client.name, client.default_device_id}
+  end
+
+  # Replaces tensors by {:"$t", type, shape} (plus names when asked),
+  # collecting them (reversed) and where the first device tensor lives.
+  defp scan(%T{type: type, shape: shape, data: data} = tensor, {tensors, place}, names?) do
+    marker = if names?, do: {:"$t", type, shape, tensor.names}, else: {:"$t", type, shape}
+
+    {marker, {[tensor | tensors], place || place_of(data)}}
+  end
+
+  defp scan([head | tail], acc, names?) do
+    {head, acc} = scan(head, acc, names?)
+    {tail, acc} = scan(tail, acc, names?)
+    {[head | tail], acc}
+  end
+
+  defp scan(tuple, acc, names?) when is_tuple(tuple) do
+    {list, acc} = scan(Tuple.to_list(tuple), acc, names?)
+    {List.to_tuple(list), acc}
+  end
+
+  defp scan(other, acc, _names?), do: {other, acc}
+
+  defp place_of(%B{buffer: %{client_name: name, device_id: id}}), do: {name, id}
+  defp place_of(_), do: nil
+
+  defp fill({:"$t", _, _}, [param | params]), do: {param, params}
+  defp fill({:"$t", _, _, _}, [param | params]), do: {param, params}
+
+  defp fill([head | tail], params) do
+    {head, params} = fill(head, params)
+    {tail, params} = fill(tail, params)
+    {[head | tail], params}
+  end
+
+  defp fill(tuple, params) when is_tuple(tuple) do
+    {list, params} = fill(Tuple.to_list(tuple), params)
+    {List.to_tuple(list), params}
+  end
+
+  defp fill(other, params), do: {other, params}
+
+  defp out_key(%T{type: type, shape: shape}), do: {type, shape}
+  defp out_key(tuple) when is_tuple(tuple), do: tuple |> Tuple.to_list() |> Enum.map(&out_key/1)
+
+  defp out_template(%T{} = out),
+    do: %{out | data: nil, names: Enum.map(out.names, fn _ -> nil end)}
+
+  defp out_template(tuple) when is_tuple(tuple),
+    do: tuple |> Tuple.to_list() |> Enum.map(&out_template/1) |> List.to_tuple()
+
+  defp attach(%T{} = out, [buffer]), do: %{out | data: %B{buffer: buffer}}
+
+  defp attach(tuple, buffers) when is_tuple(tuple) do
+    {list, []} =
+      tuple
+      |> Tuple.to_list()
+      |> Enum.map_reduce(buffers, fn out, [buffer | rest] -> {attach(out, [buffer]), rest} end)
+
+    List.to_tuple(list)
+  end
+end

@@ -1,0 +1,413 @@
+defmodule EXLA.Defn do
+  @moduledoc """
+  The `Nx.Defn.Compiler` implementation behind `EXLA` (internal).
+
+  ## Compilation
+
+  On a cache miss, the defn function is evaluated with `Nx.Defn.Expr`
+  parameters (the *evaluation*), the expression is lowered to a StableHLO
+  module by `EXLA.Defn.Lowering` and compiled by the PJRT plugin (the
+  *compilation*). The result is an `EXLA.Defn.Compiled` struct holding the
+  executable, the shapes of the inputs, the output templates and a function
+  that turns the output buffers into the result container. Compilation emits
+  the `[:exla, :compilation]` telemetry event.
+
+  The cache key is the function's key (given by `Nx.Defn`), the type, shape,
+  names and vectorized axes of every argument, and the options (which
+  include the client and device). Caches are `EXLA.Defn.LockedCache`:
+  concurrent callers of the same key wait for one compilation.
+
+  ## Per-call path
+
+  A cached call does, in order:
+
+    1. builds the cache key from the argument templates (a short list of
+       `{type, shape, names, vectorized_axes}` tuples);
+    2. looks the key up in `:persistent_term` (no copy, no message);
+    3. for each argument, takes the device buffer of a tensor already on the
+       executable's client and device as is, copies buffers from other
+       EXLA devices, and sends any other tensor's binary to the device;
+    4. runs the executable once;
+    5. wraps each output buffer in the precomputed output template.
+
+  No expression is built, nothing is lowered, no program text is hashed and
+  no tensor data is copied for arguments already on the device. Functions
+  returned by `EXLA.compile/3` skip steps 1 and 2 entirely.
+  """
+
+  require Logger
+
+  alias Nx.Tensor, as: T
+  alias Nx.Defn.Composite
+  alias EXLA.Defn.{Compiled, LockedCache}
+
+  @mode_key {__MODULE__, :mode}
+  @throw_tag {__MODULE__, :result}
+
+  ## Nx.Defn.Compiler callbacks
+
+  @doc false
+  def __partitions_options__(opts) do
+    client = EXLA.Client.fetch!(Keyword.get_lazy(opts, :client, &EXLA.Client.default_name/0))
+    Enum.map(0..(client.device_count - 1)//1, &Keyword.put(opts, :device_id, &1))
+  end
+
+  @doc false
+  def __to_backend__(opts) do
+    client = EXLA.Client.fetch!(Keyword.get_lazy(opts, :client, &EXLA.Client.default_name/0))
+    {EXLA.Backend, [client: client.name, device_id: opts[:device_id] || client.default_device_id]}
+  end
+
+  @doc false
+  def __jit__(key, vars, fun, args_list, opts) do
+    case Process.get(@mode_key) do
+      nil ->
+        cache_key = {:jit, key, vars_key(vars), opts}
+
+        case LockedCache.get(cache_key) do
+          %Compiled{debug?: false} = compiled -> run_list(compiled, args_list)
+          %Compiled{} = compiled -> debug_hit(compiled, args_list)
+          nil -> run_compiled(compile(key, cache_key, vars, fun, opts), args_list)
+        end
+
+      :cached? ->
+        throw({@throw_tag, cached?({:jit, key, vars_key(vars), opts}, opts)})
+
+      :to_mlir ->
+        throw({@throw_tag, mlir_module(vars, fun, opts)})
+    end
+  end
+
+  @doc false
+  def __compile__(key, vars, fun, opts) do
+    compiled = lookup_or_compile(key, {:jit, key, vars_key(vars), opts}, vars, fun, opts)
+
+    if compiled.debug? do
+      &debug_run(compiled, &1)
+    else
+      fn
+        [args] -> [run_one(compiled, args)]
+        args_list -> run_list(compiled, args_list)
+      end
+    end
+  end
+
+  @doc false
+  def __stream__(key, input, acc, vars, fun, args_list, opts) do
+    case Process.get(@mode_key) do
+      :cached? -> throw({@throw_tag, cached?(stream_cache_key(key, vars, opts), opts)})
+      _ -> stream_executable(key, input, acc, vars, fun, args_list, opts)
+    end
+  end
+
+  @doc """
+  Compiles and starts a stream for `EXLA.stream/3` (streaming work).
+
+  Receives the arguments of `c:Nx.Defn.Compiler.__stream__/7`. A stream
+  executable must be cached under `stream_cache_key/3` so that
+  `EXLA.stream_cached?/3` can see it.
+  """
+  def stream_executable(_key, _input, _acc, _vars, _fun, _args_list, _opts) do
+    raise RuntimeError,
+          "EXLA.stream/3 is not available yet: streaming is not implemented in this build"
+  end
+
+  @doc """
+  The cache key of a stream compiled for `key`, `vars` and `opts`.
+  """
+  def stream_cache_key(key, vars, opts), do: {:stream, key, vars_key(vars), opts}
+
+  ## Modes used by EXLA.cached?/3 and EXLA.to_mlir_module/3
+
+  @doc false
+  def __with_mode__(mode, fun) when mode in [:cached?, :to_mlir] do
+    previous = Process.put(@mode_key, mode)
+
+    try do
+      fun.()
+      raise "#{inspect(__MODULE__)} expected the compiler to be invoked"
+    catch
+      :throw, {@throw_tag, result} -> result
+    after
+      if previous, do: Process.put(@mode_key, previous), else: Process.delete(@mode_key)
+    end
+  end
+
+  defp cached?(cache_key, opts) do
+    Keyword.get(opts, :cache, true) != false and LockedCache.get(cache_key) != nil
+  end
+
+  defp mlir_module(vars, fun, opts) do
+    opts = validate_options!(opts)
+    expr = fun.(vars)
+    lowered = lower(expr, vars, opts)
+
+    %{
+      mlir_module: lowered.mlir_module,
+      used_inputs: lowered.used_inputs,
+      output_container: Composite.traverse(expr, &Nx.to_template/1)
+    }
+  end
+
+  ## Compilation for EXLA.Backend
+
+  @doc false
+  # Compiles (or fetches from the cache) a function of `templates` built by
+  # `build`, a function that receives the list of parameter expressions.
+  def __compile_op__(cache_key, name, templates, build, opts) do
+    vars = templates |> Enum.with_index() |> Enum.map(fn {t, i} -> param(t, i) end)
+    fun = fn vars -> as_expr(fn -> build.(vars) end) end
+    lookup_or_compile(name, cache_key, vars, fun, opts)
+  end
+
+  @doc false
+  def __run__(%Compiled{} = compiled, args), do: run_one(compiled, args)
+
+  @doc false
+  # Runs `compiled` on `args` and returns the list of output buffers.
+  def __run_buffers__(%Compiled{exe: exe} = compiled, args) do
+    [outputs] = EXLA.Executable.run(exe, [to_buffers(args, compiled.input_shapes, compiled)])
+    outputs
+  end
+
+  defp param(%T{} = t, i), do: Nx.Defn.Expr.parameter(%{t | data: nil}, :root, i)
+
+  defp as_expr(fun) do
+    previous_backend = Process.put(Nx.Shared.backend_pdict_key(), {Nx.Defn.Expr, []})
+    previous_compiler = Process.put(Nx.Defn.Compiler, EXLA)
+
+    try do
+      Composite.traverse(fun.(), &Nx.Defn.Expr.tensor/1)
+    after
+      restore(Nx.Shared.backend_pdict_key(), previous_backend)
+      restore(Nx.Defn.Compiler, previous_compiler)
+    end
+  end
+
+  defp restore(key, nil), do: Process.delete(key)
+  defp restore(key, value), do: Process.put(key, value)
+
+  ## Cache and compilation
+
+  defp lookup_or_compile(key, cache_key, vars, fun, opts) do
+    case LockedCache.get(cache_key) do
+      nil -> compile(key, cache_key, vars, fun, opts)
+      compiled -> compiled
+    end
+  end
+
+  defp compile(key, cache_key, vars, fun, opts) do
+    opts = validate_options!(opts)
+    build = fn -> build(key, vars, fun, opts) end
+
+    if opts[:cache] do
+      case LockedCache.run(cache_key, build) do
+        {:miss, compiled} ->
+          compiled
+
+        {:hit, compiled} ->
+          if opts[:debug], do: log_hits(key, 0)
+          compiled
+      end
+    else
+      build.()
+    end
+  end
+
+  defp build(key, vars, fun, opts) do
+    {eval_time, expr} = :timer.tc(fn -> fun.(vars) end)
+
+    if opts[:debug] do
+      Logger.debug("EXLA defn evaluation #{inspect(key)} cache miss in #{ms(eval_time)}ms")
+    end
+
+    {compile_time, compiled} = :timer.tc(fn -> compile_expr(key, expr, vars, opts) end)
+
+    if opts[:debug] do
+      Logger.debug("EXLA compilation #{inspect(key)} cache miss in #{ms(compile_time)}ms")
+    end
+
+    :telemetry.execute(
+      [:exla, :compilation],
+      %{eval_time: eval_time, compile_time: compile_time, total_time: eval_time + compile_time},
+      %{key: key}
+    )
+
+    compiled
+  end
+
+  defp compile_expr(key, expr, vars, opts) do
+    client = EXLA.Client.fetch!(opts[:client])
+    %{mlir_module: mlir, output_shapes: _} = lowered = lower(expr, vars, opts)
+    exe = EXLA.Executable.compile(client, mlir, device_id: opts[:device_id])
+    output = Composite.traverse(expr, &%{&1 | data: nil})
+
+    %Compiled{
+      exe: exe,
+      client: client,
+      client_name: client.name,
+      device_id: opts[:device_id],
+      input_shapes: Enum.map(Composite.flatten_list(vars), &to_shape/1),
+      output: output,
+      build: output_builder(output, lowered.output_shapes),
+      key: key,
+      debug?: opts[:debug]
+    }
+  end
+
+  defp lower(expr, vars, opts) do
+    input_shapes = Enum.map(Composite.flatten_list(vars), &to_shape/1)
+    EXLA.Defn.Lowering.to_mlir(expr, input_shapes, precision: opts[:precision])
+  end
+
+  @doc false
+  def to_shape(%T{type: type, shape: shape, vectorized_axes: []}),
+    do: EXLA.Shape.make_shape(type, shape)
+
+  def to_shape(%T{type: type, shape: shape, vectorized_axes: axes}) do
+    dims = Enum.map(axes, &elem(&1, 1)) ++ Tuple.to_list(shape)
+    EXLA.Shape.make_shape(type, List.to_tuple(dims))
+  end
+
+  defp output_builder(%T{} = template, _shapes) do
+    fn [buffer] -> %{template | data: %EXLA.Backend{buffer: buffer}} end
+  end
+
+  defp output_builder(container, _shapes) do
+    fn buffers ->
+      {result, []} =
+        Composite.traverse(container, buffers, fn template, [buffer | buffers] ->
+          {%{template | data: %EXLA.Backend{buffer: buffer}}, buffers}
+        end)
+
+      result
+    end
+  end
+
+  ## Options
+
+  defp validate_options!(opts) do
+    opts =
+      Keyword.validate!(opts, [
+        :client,
+        :device_id,
+        :hooks,
+        precision: :default,
+        cache: true,
+        debug: false,
+        lazy_transfers: :never
+      ])
+
+    client_name = opts[:client] || EXLA.Client.default_name()
+
+    unless is_atom(client_name) do
+      raise ArgumentError, ":client must be an atom, got: #{inspect(client_name)}"
+    end
+
+    client = EXLA.Client.fetch!(client_name)
+    device_id = opts[:device_id] || client.default_device_id
+
+    unless is_integer(device_id) and device_id >= 0 and device_id < client.device_count do
+      raise ArgumentError,
+            "invalid :device_id #{inspect(device_id)} for client #{inspect(client_name)} " <>
+              "with #{client.device_count} device(s)"
+    end
+
+    check_option!(opts, :precision, [:default, :high, :highest])
+    check_option!(opts, :cache, [true, false])
+    check_option!(opts, :debug, [true, false])
+    check_option!(opts, :lazy_transfers, [:always, :never, :opt_in])
+
+    opts
+    |> Keyword.put(:client, client_name)
+    |> Keyword.put(:device_id, device_id)
+  end
+
+  defp check_option!(opts, key, allowed) do
+    value = opts[key]
+
+    unless value in allowed do
+      raise ArgumentError,
+            "expected #{inspect(key)} to be one of #{inspect(allowed)}, got: #{inspect(value)}"
+    end
+  end
+
+  ## Running
+
+  defp run_list(compiled, [args]), do: [run_one(compiled, args)]
+  defp run_list(compiled, args_list), do: Enum.map(args_list, &run_one(compiled, &1))
+
+  defp run_one(%Compiled{exe: exe, build: build} = compiled, args) do
+    buffers = to_buffers(args, compiled.input_shapes, compiled)
+    [outputs] = EXLA.Executable.run(exe, [buffers])
+    build.(outputs)
+  end
+
+  defp to_buffers([arg | args], [shape | shapes], compiled),
+    do: [to_buffer(arg, shape, compiled) | to_buffers(args, shapes, compiled)]
+
+  defp to_buffers([], [], _compiled), do: []
+
+  defp to_buffers(args, shapes, _compiled) do
+    raise ArgumentError,
+          "expected #{length(shapes)} arguments for the compiled function, got: #{length(args)}"
+  end
+
+  defp to_buffer(fun, shape, compiled) when is_function(fun, 0),
+    do: to_buffer(fun.(), shape, compiled)
+
+  defp to_buffer(
+         %T{data: %EXLA.Backend{buffer: %{client_name: name, device_id: id} = buffer}},
+         _shape,
+         %Compiled{client_name: name, device_id: id}
+       ),
+       do: buffer
+
+  defp to_buffer(%T{data: %EXLA.Backend{buffer: buffer}}, _shape, compiled),
+    do: EXLA.DeviceBuffer.copy_to_device(buffer, compiled.client, compiled.device_id)
+
+  defp to_buffer(%T{} = tensor, shape, _compiled), do: {Nx.to_binary(tensor), shape}
+
+  defp to_buffer(number, shape, _compiled) when is_number(number),
+    do: {number |> Nx.tensor(type: shape.dtype) |> Nx.to_binary(), shape}
+
+  defp run_compiled(%Compiled{debug?: false} = compiled, args_list),
+    do: run_list(compiled, args_list)
+
+  defp run_compiled(compiled, args_list), do: debug_run(compiled, args_list)
+
+  ## Debug
+
+  defp debug_hit(compiled, args_list) do
+    log_hits(compiled.key, 0)
+    debug_run(compiled, args_list)
+  end
+
+  defp debug_run(compiled, args_list) do
+    {time, result} = :timer.tc(fn -> run_list(compiled, args_list) end)
+    Logger.debug("EXLA execution on device #{compiled.device_id} in #{ms(time)}ms")
+    result
+  end
+
+  defp log_hits(key, time) do
+    Logger.debug("EXLA defn evaluation #{inspect(key)} cache hit in #{ms(time)}ms")
+    Logger.debug("EXLA compilation #{inspect(key)} cache hit in #{ms(time)}ms")
+  end
+
+  defp ms(us), do: Float.round(us / 1000, 1)
+
+  ## Keys
+
+  @doc false
+  # The part of a cache key that describes the arguments.
+  def vars_key([]), do: []
+  def vars_key([var | vars]), do: [var_key(var) | vars_key(vars)]
+
+  defp var_key(%T{type: type, shape: shape, names: names, vectorized_axes: axes}),
+    do: {type, shape, names, axes}
+
+  defp var_key(tuple) when is_tuple(tuple),
+    do: tuple |> Tuple.to_list() |> vars_key() |> List.to_tuple()
+
+  defp var_key(container), do: Composite.traverse(container, &var_key/1)
+end

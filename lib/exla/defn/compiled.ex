@@ -1,0 +1,25 @@
+defmodule EXLA.Defn.Compiled do
+  @moduledoc false
+  # Everything a call of a compiled function needs, computed once at
+  # compile time and kept in the cache (or in the closure `EXLA.compile/3`
+  # returns):
+  #
+  #   * `:exe` - the `EXLA.Executable`
+  #   * `:client` / `:client_name` / `:device_id` - where it runs
+  #   * `:input_shapes` - one `EXLA.Shape` per flattened input, used only when
+  #     an argument is not already on the device
+  #   * `:output` - the output container with template tensors
+  #   * `:build` - a function from the list of output buffers to the result
+  #   * `:debug?` / `:key` - whether calls log timings, and the name they log
+  defstruct [
+    :exe,
+    :client,
+    :client_name,
+    :device_id,
+    :input_shapes,
+    :output,
+    :build,
+    :key,
+    debug?: false
+  ]
+end

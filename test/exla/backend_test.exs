@@ -1,0 +1,226 @@
+defmodule EXLA.BackendTest do
+  use ExUnit.Case, async: false
+
+  setup do
+    previous = Application.get_env(:exla, :add_backend_on_inspect)
+    Application.put_env(:exla, :add_backend_on_inspect, false)
+    on_exit(fn -> Application.put_env(:exla, :add_backend_on_inspect, previous) end)
+    :ok
+  end
+
+  doctest EXLA.Backend
+
+  defp client, do: EXLA.Client.fetch!(EXLA.Client.default_name())
+
+  defp last_device, do: client().device_count - 1
+
+  describe "options" do
+    test "accepts :client and :device_id" do
+      t = Nx.tensor([1, 2], backend: {EXLA.Backend, client: client().name, device_id: 0})
+      assert %EXLA.Backend{buffer: %EXLA.DeviceBuffer{device_id: 0}} = t.data
+      assert t.data.buffer.client_name == client().name
+    end
+
+    test "validates options" do
+      assert_raise ArgumentError, ~r/unknown keys \[:device\]/, fn ->
+        Nx.tensor([1], backend: {EXLA.Backend, device: 0})
+      end
+
+      assert_raise ArgumentError, ~r/:client must be an atom/, fn ->
+        Nx.tensor([1], backend: {EXLA.Backend, client: "host"})
+      end
+
+      assert_raise ArgumentError, ~r/:device_id must be a non-negative integer/, fn ->
+        Nx.tensor([1], backend: {EXLA.Backend, device_id: -1})
+      end
+
+      assert_raise ArgumentError, ~r/invalid :device_id 1024/, fn ->
+        Nx.tensor([1], backend: {EXLA.Backend, device_id: 1024})
+      end
+    end
+  end
+
+  describe "creation" do
+    test "from_binary, constant, eye and iota" do
+      assert Nx.to_flat_list(Nx.tensor([1.5, 2.5], backend: EXLA.Backend)) == [1.5, 2.5]
+
+      t = Nx.broadcast(Nx.tensor(7, backend: EXLA.Backend), {2, 2})
+      assert Nx.to_flat_list(t) == [7, 7, 7, 7]
+
+      eye = Nx.eye(2, backend: EXLA.Backend)
+      assert %EXLA.Backend{} = eye.data
+      assert Nx.to_flat_list(eye) == [1, 0, 0, 1]
+
+      iota = Nx.iota({2, 3}, axis: 1, backend: EXLA.Backend)
+      assert %EXLA.Backend{} = iota.data
+      assert Nx.to_flat_list(iota) == [0, 1, 2, 0, 1, 2]
+      assert Nx.to_flat_list(Nx.iota({4}, backend: EXLA.Backend)) == [0, 1, 2, 3]
+    end
+
+    test "eye and iota honour the device" do
+      d = last_device()
+      assert Nx.iota({3}, backend: {EXLA.Backend, device_id: d}).data.buffer.device_id == d
+    end
+  end
+
+  describe "transfers" do
+    test "to_binary with a limit" do
+      t = Nx.tensor([1, 2, 3, 4], type: {:s, 32}, backend: EXLA.Backend)
+      assert Nx.to_binary(t) == <<1::32-native, 2::32-native, 3::32-native, 4::32-native>>
+      assert Nx.to_binary(t, limit: 2) == <<1::32-native, 2::32-native>>
+    end
+
+    test "backend_transfer to Nx.BinaryBackend frees the device buffer" do
+      t = Nx.tensor([1, 2, 3], backend: EXLA.Backend)
+      b = Nx.backend_transfer(t, Nx.BinaryBackend)
+      assert %Nx.BinaryBackend{} = b.data
+      assert Nx.to_flat_list(b) == [1, 2, 3]
+      assert Nx.backend_deallocate(t) == :already_deallocated
+    end
+
+    test "backend_copy keeps the source" do
+      t = Nx.tensor([1, 2, 3], backend: EXLA.Backend)
+      b = Nx.backend_copy(t, Nx.BinaryBackend)
+      assert Nx.to_flat_list(b) == [1, 2, 3]
+      assert Nx.to_flat_list(t) == [1, 2, 3]
+
+      c = Nx.backend_copy(t, EXLA.Backend)
+      assert c.data.buffer.ref != t.data.buffer.ref
+      assert Nx.to_flat_list(c) == [1, 2, 3]
+    end
+
+    test "backend_transfer to the same device returns the tensor" do
+      t = Nx.tensor([1, 2, 3], backend: EXLA.Backend)
+      opts = [client: t.data.buffer.client_name, device_id: t.data.buffer.device_id]
+      assert Nx.backend_transfer(t, {EXLA.Backend, opts}) == t
+    end
+
+    test "backend_transfer to another device" do
+      d = last_device()
+      t = Nx.tensor([1, 2, 3], backend: EXLA.Backend)
+      moved = Nx.backend_transfer(t, {EXLA.Backend, device_id: d})
+      assert moved.data.buffer.device_id == d
+      assert Nx.to_flat_list(moved) == [1, 2, 3]
+
+      if d != t.data.buffer.device_id do
+        assert Nx.backend_deallocate(t) == :already_deallocated
+      end
+    end
+
+    test "from Nx.BinaryBackend to EXLA.Backend" do
+      t = Nx.tensor([[1.0, 2.0]], names: [:a, :b])
+      e = Nx.backend_transfer(t, EXLA.Backend)
+      assert %EXLA.Backend{} = e.data
+      assert e.names == [:a, :b]
+      assert Nx.to_flat_list(e) == [1.0, 2.0]
+    end
+
+    test "to_batched" do
+      t = Nx.iota({5, 2}, backend: EXLA.Backend)
+      batches = t |> Nx.to_batched(2) |> Enum.map(&Nx.to_flat_list/1)
+      assert batches == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 0, 1]]
+
+      batches = t |> Nx.to_batched(2, leftover: :discard) |> Enum.to_list()
+      assert length(batches) == 2
+      assert Enum.all?(batches, &match?(%EXLA.Backend{}, &1.data))
+    end
+  end
+
+  describe "lifetime" do
+    test "backend_deallocate frees at once" do
+      t = Nx.tensor([1, 2, 3], backend: EXLA.Backend)
+      assert Nx.backend_deallocate(t) == :ok
+      assert Nx.backend_deallocate(t) == :already_deallocated
+    end
+
+    test "using a deallocated tensor raises" do
+      t = Nx.tensor([1, 2, 3], backend: EXLA.Backend)
+      :ok = Nx.backend_deallocate(t)
+
+      assert_raise RuntimeError, ~r/called on deleted or donated buffer/, fn ->
+        Nx.to_binary(t)
+      end
+
+      assert_raise RuntimeError, ~r/called on deleted or donated buffer/, fn ->
+        Nx.add(t, 1)
+      end
+
+      assert_raise RuntimeError, ~r/called on deleted or donated buffer/, fn ->
+        EXLA.jit(&Nx.negate/1).(t)
+      end
+    end
+  end
+
+  describe "operations" do
+    test "compile once per shape and type" do
+      ref = :telemetry_test.attach_event_handlers(self(), [[:exla, :compilation]])
+      a = Nx.tensor([1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0], backend: EXLA.Backend)
+      Nx.subtract(a, a)
+      assert_received {[:exla, :compilation], ^ref, _, _}
+      Nx.subtract(a, a)
+      Nx.subtract(a, a)
+      refute_received {[:exla, :compilation], ^ref, _, _}
+      :telemetry.detach(ref)
+    end
+
+    test "results stay on the device of the inputs" do
+      d = last_device()
+      a = Nx.tensor([1, 2], backend: {EXLA.Backend, device_id: d})
+      sum = Nx.add(a, a)
+      assert sum.data.buffer.device_id == d
+      assert Nx.to_flat_list(sum) == [2, 4]
+    end
+
+    test "mixing with Nx.BinaryBackend" do
+      a = Nx.tensor([1, 2], backend: EXLA.Backend)
+      b = Nx.tensor([10, 20], backend: Nx.BinaryBackend)
+      assert %EXLA.Backend{} = Nx.add(a, b).data
+      assert Nx.to_flat_list(Nx.add(b, a)) == [11, 22]
+    end
+
+    test "mixing devices copies to the first device tensor's device" do
+      d = last_device()
+      a = Nx.tensor([1, 2], backend: {EXLA.Backend, device_id: 0})
+      b = Nx.tensor([10, 20], backend: {EXLA.Backend, device_id: d})
+      sum = Nx.add(a, b)
+      assert sum.data.buffer.device_id == 0
+      assert Nx.to_flat_list(sum) == [11, 22]
+    end
+
+    test "tuple results" do
+      t = Nx.tensor([[4.0, 3.0], [6.0, 3.0]], backend: EXLA.Backend)
+      {p, l, u} = Nx.LinAlg.lu(t)
+      assert Enum.all?([p, l, u], &match?(%EXLA.Backend{}, &1.data))
+      assert Nx.all_close(Nx.dot(p, Nx.dot(l, u)), t) |> Nx.to_number() == 1
+    end
+
+    test "functions as arguments" do
+      t = Nx.tensor([1, 2, 3], backend: EXLA.Backend)
+      assert Nx.to_number(Nx.reduce(t, 0, &Nx.add/2)) == 6
+    end
+
+    test "optional callbacks" do
+      t = Nx.tensor([1, 2, 3, 4], backend: EXLA.Backend)
+      assert Nx.to_flat_list(Nx.cumulative_sum(t)) == [1, 3, 6, 10]
+    end
+  end
+
+  describe "inspect" do
+    test "adds the backend line when configured" do
+      t = Nx.tensor([1, 2, 3], backend: EXLA.Backend)
+      Application.put_env(:exla, :add_backend_on_inspect, true)
+      %{client_name: name, device_id: id} = t.data.buffer
+
+      assert inspect(t) =~
+               ~r/\A#Nx.Tensor<\n  s64\[3\]\n  EXLA.Backend<#{name}:#{id}, [\d.]+>\n  \[1, 2, 3\]\n>\z/
+
+      Application.put_env(:exla, :add_backend_on_inspect, false)
+      assert inspect(t) == "#Nx.Tensor<\n  s64[3]\n  [1, 2, 3]\n>"
+    end
+
+    test "respects the limit" do
+      t = Nx.iota({100}, backend: EXLA.Backend)
+      assert inspect(t, limit: 3) == "#Nx.Tensor<\n  s64[100]\n  [0, 1, 2, ...]\n>"
+    end
+  end
+end

@@ -1,0 +1,264 @@
+defmodule EXLATest do
+  use ExUnit.Case, async: false
+
+  import ExUnit.CaptureLog
+
+  setup do
+    previous = Application.get_env(:exla, :add_backend_on_inspect)
+    Application.put_env(:exla, :add_backend_on_inspect, false)
+    on_exit(fn -> Application.put_env(:exla, :add_backend_on_inspect, previous) end)
+    :ok
+  end
+
+  doctest EXLA
+
+  defp on_device(list, type \\ {:f, 32}) do
+    Nx.tensor(list, type: type, backend: EXLA.Backend)
+  end
+
+  defp to_list(tensor), do: Nx.to_flat_list(tensor)
+
+  # A fresh function (and so a fresh cache key) for each call site.
+  defp adder(n), do: fn x -> Nx.add(x, n) end
+
+  describe "jit/2 and jit_apply/3" do
+    test "computes on the device and returns EXLA.Backend tensors" do
+      x = on_device([1.0, 2.0, 3.0])
+      result = EXLA.jit(fn x -> Nx.add(x, x) end).(x)
+      assert %EXLA.Backend{} = result.data
+      assert to_list(result) == [2.0, 4.0, 6.0]
+    end
+
+    test "accepts tensors from other backends" do
+      x = Nx.tensor([1, 2, 3], backend: Nx.BinaryBackend)
+      assert to_list(EXLA.jit_apply(&Nx.multiply(&1, 2), [x])) == [2, 4, 6]
+    end
+
+    test "accepts numbers as arguments" do
+      assert Nx.to_number(EXLA.jit(&Nx.add/2).(1, 2)) == 3
+    end
+
+    test "returns containers in order" do
+      fun = fn {a, b}, %{c: c} -> %{sum: Nx.add(a, b), both: {Nx.negate(c), c}} end
+      result = EXLA.jit(fun).({on_device([1.0]), on_device([2.0])}, %{c: on_device([5.0])})
+      assert to_list(result.sum) == [3.0]
+      assert {neg, c} = result.both
+      assert to_list(neg) == [-5.0]
+      assert to_list(c) == [5.0]
+    end
+
+    test "keeps names of the output" do
+      x = Nx.tensor([[1, 2]], names: [:x, :y], backend: EXLA.Backend)
+      assert EXLA.jit(&Nx.negate/1).(x).names == [:x, :y]
+    end
+
+    test "uses keyword arguments as static arguments" do
+      fun = fn x, opts -> Nx.sum(x, opts) end
+      x = on_device([[1.0, 2.0], [3.0, 4.0]])
+      assert to_list(EXLA.jit(fun).(x, axes: [0])) == [4.0, 6.0]
+      assert to_list(EXLA.jit(fun).(x, axes: [1])) == [3.0, 7.0]
+    end
+
+    test "runs on the given device" do
+      client = EXLA.Client.fetch!(EXLA.Client.default_name())
+      device_id = client.device_count - 1
+      result = EXLA.jit(&Nx.add(&1, 1), device_id: device_id).(on_device([1.0]))
+      assert result.data.buffer.device_id == device_id
+      assert to_list(result) == [2.0]
+    end
+  end
+
+  describe "compile/3" do
+    test "compiles ahead of time from templates" do
+      fun = EXLA.compile(&Nx.add/2, [Nx.template({3}, {:f, 32}), Nx.template({3}, {:f, 32})])
+      x = on_device([1.0, 2.0, 3.0])
+      assert to_list(fun.(x, x)) == [2.0, 4.0, 6.0]
+      assert to_list(fun.(x, Nx.tensor([1.0, 1.0, 1.0]))) == [2.0, 3.0, 4.0]
+    end
+
+    test "raises on incompatible arguments" do
+      fun = EXLA.compile(&Nx.negate/1, [Nx.template({3}, {:f, 32})])
+
+      assert_raise ArgumentError, ~r/not compatible with compiled function template/, fn ->
+        fun.(Nx.tensor([1, 2]))
+      end
+    end
+
+    test "shares the cache with jit" do
+      fun = adder(7)
+      EXLA.compile(fun, [Nx.template({2}, {:f, 32})])
+      assert EXLA.cached?(fun, [Nx.template({2}, {:f, 32})])
+    end
+  end
+
+  describe "cached?/3" do
+    test "tells whether a call would hit the cache" do
+      fun = adder(1)
+      x = on_device([1.0, 2.0])
+      refute EXLA.cached?(fun, [x])
+      EXLA.jit(fun).(x)
+      assert EXLA.cached?(fun, [x])
+      refute EXLA.cached?(fun, [on_device([1.0, 2.0, 3.0])])
+      refute EXLA.cached?(fun, [on_device([1, 2], {:s, 32})])
+      refute EXLA.cached?(fun, [x], debug: true)
+    end
+
+    test "does not run or compile" do
+      ref = :telemetry_test.attach_event_handlers(self(), [[:exla, :compilation]])
+      refute EXLA.cached?(adder(2), [Nx.template({2}, {:f, 32})])
+      refute_received {[:exla, :compilation], ^ref, _, _}
+    end
+
+    test "is false with cache: false" do
+      fun = adder(3)
+      EXLA.jit(fun, cache: false).(on_device([1.0]))
+      refute EXLA.cached?(fun, [on_device([1.0])], cache: false)
+    end
+  end
+
+  describe "to_mlir_module/3" do
+    test "returns the module, used inputs and output container" do
+      args = [Nx.template({3}, {:f, 32}), Nx.template({3}, {:f, 32})]
+
+      assert %{mlir_module: mlir, used_inputs: used, output_container: out} =
+               EXLA.to_mlir_module(fn a, _b -> {Nx.negate(a), a} end, args)
+
+      assert mlir =~ "@main"
+      assert used == [0]
+      assert {%Nx.Tensor{shape: {3}, type: {:f, 32}}, %Nx.Tensor{}} = out
+      refute EXLA.cached?(fn a, _b -> {Nx.negate(a), a} end, args)
+    end
+  end
+
+  describe "stream/3" do
+    test "stream_cached?/3 is false for streams never started" do
+      refute EXLA.stream_cached?(fn x, acc -> {x, acc} end, [Nx.template({}, {:f, 32}), 0])
+    end
+  end
+
+  describe "caching and telemetry" do
+    setup do
+      ref = :telemetry_test.attach_event_handlers(self(), [[:exla, :compilation]])
+      on_exit(fn -> :telemetry.detach(ref) end)
+      %{ref: ref}
+    end
+
+    test "emits [:exla, :compilation] once per compilation", %{ref: ref} do
+      fun = adder(4)
+      x = on_device([1.0])
+      EXLA.jit(fun).(x)
+
+      assert_received {[:exla, :compilation], ^ref, measurements, %{key: key}}
+      assert key == fun
+      %{eval_time: eval, compile_time: compile, total_time: total} = measurements
+      assert is_integer(eval) and is_integer(compile)
+      assert total == eval + compile
+
+      EXLA.jit(fun).(x)
+      refute_received {[:exla, :compilation], ^ref, _, _}
+
+      EXLA.jit(fun).(on_device([1.0, 2.0]))
+      assert_received {[:exla, :compilation], ^ref, _, _}
+    end
+
+    test "cache: false compiles every time", %{ref: ref} do
+      fun = adder(5)
+      x = on_device([1.0])
+      assert to_list(EXLA.jit(fun, cache: false).(x)) == [6.0]
+      assert_received {[:exla, :compilation], ^ref, _, _}
+      EXLA.jit(fun, cache: false).(x)
+      assert_received {[:exla, :compilation], ^ref, _, _}
+      refute EXLA.cached?(fun, [x])
+    end
+
+    test "50 concurrent callers compile once", %{ref: ref} do
+      fun = adder(6)
+
+      tasks =
+        for _ <- 1..50 do
+          Task.async(fn -> Nx.to_flat_list(EXLA.jit(fun).(Nx.tensor([1.0, 2.0]))) end)
+        end
+
+      assert Enum.all?(Task.await_many(tasks, 60_000), &(&1 == [7.0, 8.0]))
+      assert_received {[:exla, :compilation], ^ref, _, %{key: ^fun}}
+      refute_received {[:exla, :compilation], ^ref, _, %{key: ^fun}}
+    end
+  end
+
+  describe "options" do
+    test "debug: true logs evaluation, compilation and execution" do
+      fun = adder(8)
+      x = on_device([1.0])
+
+      logs = capture_log([level: :debug], fn -> EXLA.jit(fun, debug: true).(x) end)
+      assert logs =~ ~r"EXLA defn evaluation #Function<[^>]+> cache miss in \d+\.\dms"
+      assert logs =~ ~r"EXLA compilation #Function<[^>]+> cache miss in \d+\.\dms"
+      assert logs =~ ~r"EXLA execution on device \d+ in \d+\.\dms"
+
+      logs = capture_log([level: :debug], fn -> EXLA.jit(fun, debug: true).(x) end)
+      assert logs =~ ~r"EXLA defn evaluation #Function<[^>]+> cache hit in \d+\.\dms"
+      assert logs =~ ~r"EXLA compilation #Function<[^>]+> cache hit in \d+\.\dms"
+      assert logs =~ ~r"EXLA execution on device \d+ in \d+\.\dms"
+    end
+
+    test "without debug nothing is logged" do
+      logs = capture_log([level: :debug], fn -> EXLA.jit(adder(9)).(on_device([1.0])) end)
+      refute logs =~ "EXLA"
+    end
+
+    test "validates options" do
+      x = on_device([1.0])
+
+      assert_raise ArgumentError, ~r/unknown keys \[:unknown\]/, fn ->
+        EXLA.jit(adder(10), unknown: true).(x)
+      end
+
+      assert_raise ArgumentError, ~r/:precision/, fn ->
+        EXLA.jit(adder(10), precision: :low).(x)
+      end
+
+      assert_raise ArgumentError, ~r/:lazy_transfers/, fn ->
+        EXLA.jit(adder(10), lazy_transfers: :sometimes).(x)
+      end
+
+      assert_raise ArgumentError, ~r/:cache/, fn ->
+        EXLA.jit(adder(10), cache: :yes).(x)
+      end
+
+      assert_raise ArgumentError, ~r/invalid :device_id 1024/, fn ->
+        EXLA.jit(adder(10), device_id: 1024).(x)
+      end
+    end
+
+    test "accepts every lazy_transfers and precision value" do
+      x = on_device([1.0])
+
+      for lazy <- [:always, :never, :opt_in], precision <- [:default, :high, :highest] do
+        assert to_list(EXLA.jit(adder(11), lazy_transfers: lazy, precision: precision).(x)) ==
+                 [12.0]
+      end
+    end
+  end
+
+  describe "compiler callbacks" do
+    test "__to_backend__/1 and __partitions_options__/1" do
+      client = EXLA.Client.fetch!(EXLA.Client.default_name())
+
+      assert EXLA.__to_backend__([]) ==
+               {EXLA.Backend, [client: client.name, device_id: client.default_device_id]}
+
+      assert EXLA.__to_backend__(device_id: 0) ==
+               {EXLA.Backend, [client: client.name, device_id: 0]}
+
+      partitions = EXLA.__partitions_options__([])
+      assert length(partitions) == client.device_count
+      assert Enum.map(partitions, & &1[:device_id]) == Enum.to_list(0..(client.device_count - 1))
+    end
+
+    test "works as the defn compiler" do
+      result = Nx.Defn.jit(&Nx.exp/1, compiler: EXLA).(Nx.tensor(0.0))
+      assert %EXLA.Backend{} = result.data
+      assert Nx.to_number(result) == 1.0
+    end
+  end
+end
