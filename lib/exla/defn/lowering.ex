@@ -1,0 +1,411 @@
+defmodule EXLA.Defn.Lowering do
+  @moduledoc """
+  Lowers an `Nx.Defn.Expr` container to a StableHLO MLIR module (text).
+
+  The entry point is `to_mlir/3`. The module has a single public function
+  `@main` that takes every flattened input in order and returns the
+  flattened outputs as a multi-result function. Predicates (`{:u, 8}` in Nx)
+  are `ui8` at the boundary; comparisons produce `i1` internally.
+
+  Ops with an `:optional` expression (linear algebra, cumulative ops,
+  `top_k`, ...) are lowered through the default implementation expression
+  Nx provides. Hooks attached to tokens are lowered by `lower_hook/3`, which
+  currently lowers the hooked value and discards it (no host callback yet).
+
+  ## Differences from Nx.BinaryBackend
+
+  Compiled code follows XLA where the reference (`Nx.BinaryBackend` with
+  `Nx.Defn.Evaluator`) does something else:
+
+    * Division by zero never raises: floats give IEEE results; integer
+      `quotient`/`divide` by zero gives -1 (all bits set) and `remainder`
+      by zero returns the dividend.
+    * `sqrt`, `rsqrt`, `acos`, `asin`, `log` outside their domain and `pow`
+      of a negative base to a fractional power give NaN instead of raising;
+      `floor`/`ceil`/`round` of NaN or infinity return it unchanged.
+    * `as_type` from float to integer: NaN → 0, +inf → the type's maximum,
+      -inf → its minimum; finite values out of range saturate (the
+      reference wraps). s16 limits are the true ones (32767 / -32768).
+    * `tanh(±inf)` is ±1, `sign(NaN)` is NaN and `clip(NaN, ...)` is NaN.
+    * `argmax`/`argmin`: a NaN always wins, so the index of the first (or
+      last, with `tie_break: :high`) NaN is returned; the reference ignores
+      NaN unless it comes first.
+    * `sort`/`argsort` put NaN after every number in ascending order and
+      before every number in descending order; ties keep input order.
+    * Out-of-bounds indices are clamped in `take`, `gather` and dynamic
+      `slice`/`put_slice`, and updates at out-of-bounds indices are dropped
+      in `indexed_add`/`indexed_put`; the reference raises.
+    * Integer `pow` with a negative exponent gives 0 (1 for base 1, ±1 for
+      base -1) instead of raising; shifts by a negative amount or by the bit
+      width or more give 0 (or -1 for a negative signed value shifted right).
+    * bf16 conversions round to nearest even (the reference truncates).
+    * Denormals are flushed to zero on the CPU.
+    * `lu` is not supported (raises, as EXLA 0.7 does).
+  """
+
+  alias EXLA.MLIR.{Builder, Ops, Value}
+  alias Nx.Defn.{Composite, Expr}
+  alias Nx.Tensor, as: T
+
+  @doc """
+  Lowers `output_expr` (any Nx container of expression tensors) whose
+  parameters are described by `input_shapes`.
+
+  Returns `%{mlir_module: text, output_shapes: [EXLA.Shape.t()],
+  used_inputs: [index]}`.
+
+  Options:
+
+    * `:precision` - `:default`, `:high` or `:highest`; used by every
+      `dot_general` and `convolution`
+  """
+  def to_mlir(output_expr, input_shapes, opts \\ []) do
+    opts = Keyword.validate!(opts, precision: :default)
+    precision = opts[:precision]
+
+    unless precision in [:default, :high, :highest] do
+      raise ArgumentError, "unknown precision #{inspect(precision)}"
+    end
+
+    outputs = Composite.flatten_list([output_expr]) |> Enum.map(&Expr.tensor/1)
+    arg_types = Enum.map(input_shapes, fn shape -> {shape.dtype, shape.dims} end)
+
+    assigns = %{cache: %{}, params: {}, used: %{}, top: true, precision: precision}
+
+    {text, b} =
+      Builder.module(
+        "main",
+        arg_types,
+        fn b, args ->
+          b = assign(b, params: List.to_tuple(args))
+
+          Enum.map_reduce(outputs, b, fn t, b ->
+            {v, b} = lower_value(t, b)
+            Ops.convert(b, v, t.type)
+          end)
+        end,
+        assigns
+      )
+
+    output_shapes = Enum.map(outputs, &EXLA.Shape.make_shape(&1.type, dims(&1)))
+
+    %{
+      mlir_module: text,
+      output_shapes: output_shapes,
+      used_inputs: b.assigns.used |> Map.keys() |> Enum.sort()
+    }
+  end
+
+  ## State helpers
+
+  defp assign(b, kv), do: %{b | assigns: Enum.into(kv, b.assigns)}
+
+  @doc false
+  def dims(%T{shape: shape, vectorized_axes: []}), do: shape
+
+  def dims(%T{shape: shape, vectorized_axes: axes}),
+    do: List.to_tuple(Keyword.values(axes) ++ Tuple.to_list(shape))
+
+  @doc false
+  def type_of(%T{type: type} = t), do: {type, dims(t)}
+
+  # Runs `fun` in a scope that may see the outer cache; what is lowered
+  # inside does not leak out.
+  defp nested_scope(b, fun) do
+    saved = b.assigns
+    {res, b} = fun.(b)
+    {res, %{b | assigns: %{saved | used: b.assigns.used}}}
+  end
+
+  # Runs `fun` in an isolated scope with its own parameters.
+  defp isolated_scope(b, params, fun) do
+    saved = b.assigns
+    b = assign(b, cache: %{}, params: List.to_tuple(params), top: false)
+    {res, b} = fun.(b)
+    {res, %{b | assigns: %{saved | used: b.assigns.used}}}
+  end
+
+  # Emits a region; `fun.(b, args)` returns `{results, b}`.
+  @doc false
+  def region(b, arg_types, scope, fun) do
+    {args, saved, b} = Builder.begin_region(b, arg_types)
+
+    {results, b} =
+      case scope do
+        :isolated -> isolated_scope(b, args, &fun.(&1, args))
+        :nested -> nested_scope(b, &fun.(&1, args))
+      end
+
+    Builder.end_region(b, saved, results)
+  end
+
+  ## Lowering
+
+  @doc false
+  # Lowers an expression to a value, or to `{:tuple, values}` for tuples.
+  def lower(%T{data: %Expr{id: id, op: op}} = t, b) do
+    case b.assigns.cache do
+      %{^id => res} ->
+        {res, b}
+
+      _ ->
+        {res, b} = lower_op(op, t, b)
+        {res, assign(b, cache: Map.put(b.assigns.cache, id, res))}
+    end
+  end
+
+  def lower(%T{} = t, b), do: lower(Expr.tensor(t), b)
+  def lower(number, b) when is_number(number), do: lower(Expr.tensor(number), b)
+
+  @doc false
+  def lower_value(t, b) do
+    case lower(t, b) do
+      {%Value{} = v, b} -> {v, b}
+      {other, _} -> raise ArgumentError, "expected a tensor value, got: #{inspect(other)}"
+    end
+  end
+
+  # Lowers a container and returns the list of its flattened values.
+  @doc false
+  def lower_container(container, b) do
+    [container]
+    |> Composite.flatten_list()
+    |> Enum.flat_map_reduce(b, fn t, b ->
+      case lower(t, b) do
+        {{:tuple, values}, b} -> {values, b}
+        {v, b} -> {[v], b}
+      end
+    end)
+  end
+
+  # Lowers `t` and converts it to `elem`, broadcasting to `dims` if given.
+  @doc false
+  def lower_as(t, elem, b, dims \\ nil) do
+    {v, b} = lower_value(t, b)
+    {v, b} = Ops.convert(b, v, elem)
+    if dims, do: broadcast(b, v, dims), else: {v, b}
+  end
+
+  ## Basic helpers
+
+  @doc false
+  def broadcast(b, %Value{type: {_, dims}} = v, dims), do: {v, b}
+
+  def broadcast(b, %Value{type: {_, in_dims}} = v, dims) do
+    offset = tuple_size(dims) - tuple_size(in_dims)
+    Ops.broadcast_in_dim(b, v, dims, Enum.to_list(offset..(tuple_size(dims) - 1)//1))
+  end
+
+  @doc false
+  def const(b, elem, number, dims \\ {}), do: Ops.constant(b, elem, dims, number)
+
+  @doc false
+  def to_pred(b, %Value{type: {:pred, _}} = v), do: {v, b}
+
+  def to_pred(b, %Value{type: {elem, dims}} = v) do
+    {zero, b} = const(b, elem, 0, dims)
+    Ops.compare(b, "NE", v, zero)
+  end
+
+  @doc false
+  def from_pred(b, v, elem \\ {:u, 8}), do: Ops.convert(b, v, elem)
+
+  @doc false
+  def min_value({:s, size}), do: -Integer.pow(2, size - 1)
+  def min_value({:u, _}), do: 0
+  def min_value(_), do: :neg_infinity
+
+  @doc false
+  def max_value({:s, size}), do: Integer.pow(2, size - 1) - 1
+  def max_value({:u, size}), do: Integer.pow(2, size) - 1
+  def max_value(_), do: :infinity
+
+  @doc false
+  def is_nan(b, %Value{type: {{:c, _}, _}} = v) do
+    {re, b} = Ops.real(b, v)
+    {im, b} = Ops.imag(b, v)
+    {a, b} = Ops.compare(b, "NE", re, re)
+    {c, b} = Ops.compare(b, "NE", im, im)
+    Ops.binary(b, "stablehlo.or", a, c)
+  end
+
+  def is_nan(b, v), do: Ops.compare(b, "NE", v, v)
+
+  @doc false
+  def is_inf(b, %Value{type: {{:c, _}, _}} = v) do
+    {re, b} = Ops.real(b, v)
+    {im, b} = Ops.imag(b, v)
+    {a, b} = is_inf(b, re)
+    {c, b} = is_inf(b, im)
+    Ops.binary(b, "stablehlo.or", a, c)
+  end
+
+  def is_inf(b, %Value{type: {elem, dims}} = v) do
+    {abs, b} = Ops.abs(b, v)
+    {inf, b} = const(b, elem, :infinity, dims)
+    Ops.compare(b, "EQ", abs, inf)
+  end
+
+  ## Parameters, constants and structure
+
+  defp lower_op(:parameter, %T{data: %Expr{args: [i]}}, b) do
+    %{params: params, top: top} = b.assigns
+
+    if i >= tuple_size(params) do
+      raise ArgumentError, "parameter #{i} is out of range (#{tuple_size(params)} inputs)"
+    end
+
+    b = if top, do: assign(b, used: Map.put(b.assigns.used, i, true)), else: b
+    {elem(params, i), b}
+  end
+
+  defp lower_op(:constant, %T{type: type, data: %Expr{args: [number]}} = t, b) do
+    const(b, type, number, dims(t))
+  end
+
+  defp lower_op(:tensor, %T{type: type, data: %Expr{args: [tensor]}} = t, b) do
+    dims = dims(t)
+
+    if Tuple.product(dims) == 0 do
+      {zero, b} = const(b, type, 0)
+      broadcast(b, zero, dims)
+    else
+      Ops.constant_binary(b, type, dims, Nx.to_binary(tensor))
+    end
+  end
+
+  defp lower_op(:metadata, %T{data: %Expr{args: [expr, _meta]}}, b) do
+    case expr do
+      %T{} -> lower(expr, b)
+      container -> with {values, b} <- lower_container(container, b), do: {{:tuple, values}, b}
+    end
+  end
+
+  defp lower_op(:elem, %T{data: %Expr{args: [tuple, i]}}, b) do
+    {{:tuple, values}, b} = lower(tuple, b)
+    {Enum.fetch!(values, i), b}
+  end
+
+  defp lower_op(:token, %T{data: %Expr{args: [token]}}, b) do
+    b = Enum.reduce(token.hooks, b, &lower_hook(&1, &2))
+    {{:tuple, []}, b}
+  end
+
+  defp lower_op(:attach_token, %T{data: %Expr{args: [token, expr]}}, b) do
+    {_, b} = lower(token, b)
+    lower(expr, b)
+  end
+
+  defp lower_op(:fun, _t, _b) do
+    raise ArgumentError, "anonymous functions can only be lowered as arguments of other ops"
+  end
+
+  defp lower_op(:optional, %T{data: %Expr{args: [call, default, _callback]}}, b) do
+    {tensors, _opts} = Enum.split_while(call.data.args, &(not is_list(&1)))
+    {args, b} = Enum.map_reduce(tensors, b, &lower_value/2)
+
+    isolated_scope(b, args, fn b ->
+      case default do
+        %T{} ->
+          lower(default, b)
+
+        container ->
+          {values, b} = lower_container(container, b)
+          {{:tuple, values}, b}
+      end
+    end)
+  end
+
+  defp lower_op(:while, %T{data: %Expr{args: [initial, _arg, condition, block]}}, b) do
+    {inits, b} = lower_container(initial, b)
+    types = Enum.map(inits, & &1.type)
+
+    {cond_region, b} =
+      region(b, types, :isolated, fn b, _args ->
+        {v, b} = lower_value(condition, b)
+        {pred, b} = to_pred(b, v)
+        {[pred], b}
+      end)
+
+    {body_region, b} =
+      region(b, types, :isolated, fn b, _args ->
+        {values, b} = lower_container(block, b)
+
+        Enum.zip(values, types)
+        |> Enum.map_reduce(b, fn {v, {elem, _}}, b -> Ops.convert(b, v, elem) end)
+      end)
+
+    {results, b} = Ops.while(b, inits, cond_region, body_region)
+
+    case initial do
+      %T{} -> {hd(results), b}
+      _ -> {{:tuple, results}, b}
+    end
+  end
+
+  defp lower_op(:cond, %T{data: %Expr{args: [clauses, last]}} = t, b) do
+    types =
+      case t.type do
+        {:tuple, _} -> last |> Composite.flatten_list() |> Enum.map(&type_of/1)
+        _ -> [type_of(t)]
+      end
+
+    {results, b} =
+      if types == [] do
+        {[], b}
+      else
+        lower_cond(clauses, last, types, b)
+      end
+
+    case t.type do
+      {:tuple, _} -> {{:tuple, results}, b}
+      _ -> {hd(results), b}
+    end
+  end
+
+  defp lower_op(:lu, _t, _b) do
+    raise ArgumentError, "Nx.LinAlg.lu/2 is not supported by EXLA (no XLA implementation)"
+  end
+
+  @families [
+    EXLA.Defn.Lowering.ElementWise,
+    EXLA.Defn.Lowering.Structure,
+    EXLA.Defn.Lowering.Reduction,
+    EXLA.Defn.Lowering.LinAlg
+  ]
+
+  defp lower_op(op, t, b) do
+    case Enum.find(@families, &(op in &1.ops())) do
+      nil -> raise ArgumentError, "EXLA cannot lower Nx.Defn.Expr op #{inspect(op)}"
+      family -> family.lower(op, t, b)
+    end
+  end
+
+  @doc false
+  # Hooks: today the hooked value is lowered and dropped (XLA eliminates it).
+  # Delivering it to the host (a custom call) plugs in here.
+  def lower_hook(%{expr: expr, name: _name, callback: _callback}, b) do
+    {_values, b} = lower_container(expr, b)
+    b
+  end
+
+  defp lower_cond([], last, types, b), do: lower_branch(last, types, b)
+
+  defp lower_cond([{pred, body} | rest], last, types, b) do
+    {p, b} = lower_value(pred, b)
+    {p, b} = to_pred(b, p)
+    {then_region, b} = region(b, [], :nested, fn b, [] -> lower_branch(body, types, b) end)
+    {else_region, b} = region(b, [], :nested, fn b, [] -> lower_cond(rest, last, types, b) end)
+    Ops.if_(b, p, types, then_region, else_region)
+  end
+
+  defp lower_branch(body, types, b) do
+    {values, b} = lower_container(body, b)
+
+    Enum.zip(values, types)
+    |> Enum.map_reduce(b, fn {v, {elem, dims}}, b ->
+      {v, b} = Ops.convert(b, v, elem)
+      broadcast(b, v, dims)
+    end)
+  end
+end

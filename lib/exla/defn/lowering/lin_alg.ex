@@ -1,0 +1,124 @@
+defmodule EXLA.Defn.Lowering.LinAlg do
+  @moduledoc false
+  # dot, convolution, FFT and triangular solve.
+
+  alias EXLA.MLIR.Ops
+  alias Nx.Defn.Expr
+  alias Nx.Tensor, as: T
+  import EXLA.Defn.Lowering
+
+  @ops [:dot, :conv, :fft, :ifft, :triangular_solve]
+
+  def ops, do: @ops
+
+  def lower(:dot, %T{data: %Expr{args: [x, c1, b1, y, c2, b2]}} = t, b) do
+    {x, b} = lower_as(x, t.type, b)
+    {y, b} = lower_as(y, t.type, b)
+    Ops.dot_general(b, x, y, type_of(t), {b1, c1, b2, c2}, b.assigns.precision)
+  end
+
+  def lower(:conv, %T{data: %Expr{args: [input, kernel, opts]}} = t, b) do
+    {input, b} = lower_as(input, t.type, b)
+    {kernel, b} = lower_as(kernel, t.type, b)
+    rank = tuple_size(dims(t))
+    spatial = rank - 2
+    ones = List.duplicate(1, spatial)
+
+    Ops.convolution(b, input, kernel, type_of(t),
+      layouts: {
+        layout(opts[:input_permutation], rank, "b", "f"),
+        layout(opts[:kernel_permutation], rank, "o", "i"),
+        layout(opts[:output_permutation], rank, "b", "f")
+      },
+      strides: opts[:strides] || ones,
+      padding: opts[:padding] || List.duplicate({0, 0}, spatial),
+      lhs_dilation: opts[:input_dilation] || ones,
+      rhs_dilation: opts[:kernel_dilation] || ones,
+      feature_group_count: opts[:feature_group_size] || 1,
+      batch_group_count: opts[:batch_group_size] || 1,
+      precision: b.assigns.precision
+    )
+  end
+
+  def lower(op, %T{data: %Expr{args: [x, opts]}} = t, b) when op in [:fft, :ifft] do
+    {x, b} = lower_as(x, t.type, b)
+    {_, in_dims} = x.type
+    rank = tuple_size(in_dims)
+    axis = opts[:axis] || rank - 1
+    n = opts[:length] || elem(in_dims, axis)
+    last = rank - 1
+    perm = Enum.to_list(0..last) |> List.replace_at(axis, last) |> List.replace_at(last, axis)
+    {x, b} = if axis == last, do: {x, b}, else: Ops.transpose(b, x, perm)
+    {_, dims} = x.type
+    size = elem(dims, last)
+
+    {x, b} =
+      cond do
+        size < n ->
+          {zero, b} = const(b, t.type, 0)
+          zeros = List.duplicate(0, rank)
+          Ops.pad(b, x, zero, zeros, List.replace_at(zeros, last, n - size), zeros)
+
+        size > n ->
+          limits = dims |> put_elem(last, n) |> Tuple.to_list()
+          Ops.slice(b, x, List.duplicate(0, rank), limits, List.duplicate(1, rank))
+
+        true ->
+          {x, b}
+      end
+
+    {x, b} = Ops.fft(b, x, if(op == :fft, do: "FFT", else: "IFFT"), [n])
+    if axis == last, do: {x, b}, else: Ops.transpose(b, x, perm)
+  end
+
+  def lower(:triangular_solve, %T{data: %Expr{args: [a, x, opts]}} = t, b) do
+    {a, b} = lower_as(a, t.type, b)
+    {x, b} = lower_as(x, t.type, b)
+    {_, x_dims} = x.type
+    left? = Keyword.get(opts, :left_side, true)
+    vector? = tuple_size(x_dims) == 1
+    n = elem(x_dims, 0)
+
+    {x, b} =
+      cond do
+        not vector? -> {x, b}
+        left? -> Ops.reshape(b, x, {n, 1})
+        true -> Ops.reshape(b, x, {1, n})
+      end
+
+    transpose =
+      case opts[:transform_a] || :none do
+        :none -> "NO_TRANSPOSE"
+        :transpose -> "TRANSPOSE"
+        :conjugate -> "ADJOINT"
+      end
+
+    {v, b} =
+      Ops.triangular_solve(b, a, x,
+        left_side: left?,
+        lower: Keyword.get(opts, :lower, true),
+        transpose_a: transpose
+      )
+
+    if vector?, do: Ops.reshape(b, v, x_dims), else: {v, b}
+  end
+
+  # Nx permutations say where each logical axis (batch, feature, spatial...)
+  # lives in the tensor: logical axis k is tensor axis perm[k].
+  defp layout(perm, rank, first, second) do
+    perm = perm || Enum.to_list(0..(rank - 1))
+
+    perm
+    |> Enum.with_index()
+    |> Enum.reduce(List.duplicate(nil, rank), fn {pos, k}, acc ->
+      letter =
+        case k do
+          0 -> first
+          1 -> second
+          k -> Integer.to_string(k - 2)
+        end
+
+      List.replace_at(acc, pos, letter)
+    end)
+  end
+end

@@ -1,0 +1,201 @@
+defmodule EXLA.MLIR.Value do
+  @moduledoc """
+  An SSA value in the function being emitted: its textual name (`%3`,
+  `%7#1`, `%arg0`) and its `EXLA.MLIR.Type`.
+  """
+  defstruct [:name, :type]
+
+  @type t :: %__MODULE__{name: String.t(), type: EXLA.MLIR.Type.t()}
+end
+
+defmodule EXLA.MLIR.Builder do
+  @moduledoc """
+  A small, purely functional emitter of MLIR text in the generic operation
+  form, e.g.
+
+      %3 = "stablehlo.add"(%1, %2) : (tensor<3xf32>, tensor<3xf32>) -> tensor<3xf32>
+
+  The builder accumulates the lines of one function body. Names come from a
+  single counter, so they are unique across nested regions and the output is
+  deterministic. Regions are opened with `begin_region/2` and closed with
+  `end_region/3`, which returns the region text to pass to `op/5`.
+
+  `assigns` is free for the client (the lowering keeps its state there).
+  """
+
+  alias EXLA.MLIR.{Type, Value}
+
+  defstruct lines: [], counter: 0, depth: 2, assigns: %{}
+
+  @type t :: %__MODULE__{
+          lines: iodata,
+          counter: non_neg_integer,
+          depth: pos_integer,
+          assigns: map
+        }
+
+  @doc "A new, empty builder."
+  def new, do: %__MODULE__{}
+
+  @doc """
+  Emits an operation and returns `{results, builder}`.
+
+  Options:
+
+    * `:attrs` - a list of `{name, text}` attributes, already rendered
+    * `:regions` - a list of region texts from `end_region/3`
+  """
+  @spec op(t, String.t(), [Value.t()], [Type.t()], keyword) :: {[Value.t()], t}
+  def op(%__MODULE__{} = b, name, operands, result_types, opts \\ []) do
+    attrs = Keyword.get(opts, :attrs, [])
+    regions = Keyword.get(opts, :regions, [])
+    {results, lhs, b} = results(b, result_types)
+
+    text = [
+      lhs,
+      ~s("#{name}"(),
+      Enum.map_join(operands, ", ", & &1.name),
+      ")",
+      regions_text(regions),
+      attrs_text(attrs),
+      " : (",
+      Enum.map_join(operands, ", ", &Type.to_string(&1.type)),
+      ") -> ",
+      results_type(result_types)
+    ]
+
+    {results, emit(b, text)}
+  end
+
+  @doc "Like `op/5` for an operation with exactly one result."
+  @spec op1(t, String.t(), [Value.t()], Type.t(), keyword) :: {Value.t(), t}
+  def op1(b, name, operands, result_type, opts \\ []) do
+    {[value], b} = op(b, name, operands, [result_type], opts)
+    {value, b}
+  end
+
+  defp results(b, []), do: {[], "", b}
+
+  defp results(%{counter: c} = b, [type]) do
+    name = "%#{c}"
+    {[%Value{name: name, type: type}], name <> " = ", %{b | counter: c + 1}}
+  end
+
+  defp results(%{counter: c} = b, types) do
+    values =
+      types
+      |> Enum.with_index()
+      |> Enum.map(fn {type, i} -> %Value{name: "%#{c}##{i}", type: type} end)
+
+    {values, "%#{c}:#{length(types)} = ", %{b | counter: c + 1}}
+  end
+
+  defp results_type([type]), do: Type.to_string(type)
+  defp results_type(types), do: ["(", Enum.map_join(types, ", ", &Type.to_string/1), ")"]
+
+  defp regions_text([]), do: []
+  defp regions_text(regions), do: [" (", Enum.intersperse(regions, ", "), ")"]
+
+  defp attrs_text([]), do: []
+
+  defp attrs_text(attrs) do
+    [" {", Enum.map_join(attrs, ", ", fn {k, v} -> "#{k} = #{v}" end), "}"]
+  end
+
+  defp emit(%{lines: lines, depth: depth} = b, text) do
+    %{b | lines: [lines, String.duplicate("  ", depth), text, "\n"]}
+  end
+
+  @doc """
+  Opens a region whose entry block takes arguments of `arg_types`.
+
+  Returns `{args, saved, builder}`; pass `saved` to `end_region/3`.
+  """
+  def begin_region(%__MODULE__{} = b, arg_types) do
+    {args, counter} =
+      Enum.map_reduce(arg_types, b.counter, fn type, c ->
+        {%Value{name: "%#{c}", type: type}, c + 1}
+      end)
+
+    header =
+      case args do
+        [] ->
+          []
+
+        _ ->
+          args_text = Enum.map_join(args, ", ", &"#{&1.name}: #{Type.to_string(&1.type)}")
+          [String.duplicate("  ", b.depth), "^bb0(", args_text, "):\n"]
+      end
+
+    saved = {b.lines, b.depth}
+    {args, saved, %{b | lines: header, counter: counter, depth: b.depth + 1}}
+  end
+
+  @doc """
+  Closes a region with a terminator returning `results` (default op
+  `stablehlo.return`). Returns `{region_text, builder}`.
+  """
+  def end_region(%__MODULE__{} = b, {lines, depth}, results, terminator \\ "stablehlo.return") do
+    b = terminator(b, terminator, results)
+    text = ["{\n", b.lines, String.duplicate("  ", depth), "}"]
+    {text, %{b | lines: lines, depth: depth}}
+  end
+
+  defp terminator(b, name, results) do
+    text = [
+      ~s("#{name}"(),
+      Enum.map_join(results, ", ", & &1.name),
+      ") : (",
+      Enum.map_join(results, ", ", &Type.to_string(&1.type)),
+      ") -> ()"
+    ]
+
+    emit(b, text)
+  end
+
+  @doc """
+  Renders a whole module with a public function `name` taking `args` (a list
+  of types; they are named `%arg0`, ...) whose body is produced by
+  `body_fun.(builder, arg_values)`, which returns `{results, builder}`.
+  """
+  def module(name, arg_types, body_fun, assigns \\ %{}) do
+    args =
+      arg_types
+      |> Enum.with_index()
+      |> Enum.map(fn {type, i} -> %Value{name: "%arg#{i}", type: type} end)
+
+    {results, b} = body_fun.(%{new() | assigns: assigns}, args)
+    b = terminator(b, "func.return", results)
+
+    args_text = Enum.map_join(args, ", ", &"#{&1.name}: #{Type.to_string(&1.type)}")
+    results_text = Enum.map_join(results, ", ", &Type.to_string(&1.type))
+
+    text =
+      IO.iodata_to_binary([
+        "module {\n",
+        "  func.func public @#{name}(#{args_text}) -> (#{results_text}) {\n",
+        b.lines,
+        "  }\n",
+        "}\n"
+      ])
+
+    {text, b}
+  end
+
+  ## Attribute helpers
+
+  @doc "Renders `array<i64: 1, 2>`."
+  def i64_array(list),
+    do: "array<i64#{if list == [], do: "", else: ": "}#{Enum.join(list, ", ")}>"
+
+  @doc "Renders a boolean attribute."
+  def bool(true), do: "true"
+  def bool(false), do: "false"
+
+  @doc "Renders a 2-D i64 dense attribute such as padding `[[lo, hi], ...]`."
+  def i64_pairs(pairs) do
+    n = length(pairs)
+    inner = Enum.map_join(pairs, ", ", fn {lo, hi} -> "[#{lo}, #{hi}]" end)
+    "dense<#{if n == 0, do: "", else: "[#{inner}]"}> : tensor<#{n}x2xi64>"
+  end
+end

@@ -1,0 +1,101 @@
+defmodule EXLA.Lowering.MLIRTextTest do
+  use EXLA.LoweringCase, async: true
+
+  alias EXLA.Defn.Lowering
+
+  @x Nx.iota({2, 3}, type: :f32)
+  @v Nx.tensor([1, 2, 3])
+
+  test "main takes every input in order and returns a multi-result function" do
+    %{mlir_module: text, output_shapes: shapes, used_inputs: used} =
+      lower(fn a, _b, c -> {Nx.add(a, 1), Nx.multiply(c, 2)} end, [@x, @v, @v])
+
+    assert text =~
+             "func.func public @main(%arg0: tensor<2x3xf32>, %arg1: tensor<3xi64>, " <>
+               "%arg2: tensor<3xi64>) -> (tensor<2x3xf32>, tensor<3xi64>)"
+
+    assert shapes == [
+             EXLA.Shape.make_shape({:f, 32}, {2, 3}),
+             EXLA.Shape.make_shape({:s, 64}, {3})
+           ]
+
+    assert used == [0, 2]
+    refute text =~ "tuple"
+  end
+
+  test "containers are flattened in Composite order" do
+    %{output_shapes: shapes} = lower(fn a, b -> %{z: a, a: {b, Nx.sum(a)}} end, [@x, @v])
+
+    assert Enum.map(shapes, & &1.dims) == [{3}, {}, {2, 3}]
+  end
+
+  test "output is deterministic" do
+    fun = fn a, b -> Nx.dot(Nx.exp(a), Nx.as_type(b, :f32)) |> Nx.sort() end
+    assert mlir(fun, [@x, @v]) == mlir(fun, [@x, @v])
+  end
+
+  test "shared subexpressions are lowered once" do
+    text =
+      mlir(
+        fn a ->
+          e = Nx.exp(a)
+          Nx.add(e, e)
+        end,
+        [@x]
+      )
+
+    assert length(String.split(text, "stablehlo.exponential")) == 2
+  end
+
+  test "predicates are ui8 at the boundary" do
+    text = mlir(fn a, b -> Nx.less(a, b) end, [@v, @v])
+    assert text =~ "-> (tensor<3xui8>)"
+    assert text =~ "tensor<3xi1>"
+  end
+
+  test "precision is carried into dot_general" do
+    for {precision, name} <- [default: "DEFAULT", high: "HIGH", highest: "HIGHEST"] do
+      text = mlir(fn a, b -> Nx.dot(a, b) end, [@x, Nx.transpose(@x)], precision: precision)
+      assert text =~ "#stablehlo<precision #{name}>"
+    end
+  end
+
+  test "precision is validated" do
+    assert_raise ArgumentError, fn -> lower(&Nx.exp/1, [@x], precision: :fast) end
+    assert_raise ArgumentError, fn -> lower(&Nx.exp/1, [@x], bogus: 1) end
+  end
+
+  test "float constants use the expression type, as hex" do
+    text = mlir(fn a -> Nx.add(a, 0.1) end, [Nx.tensor([1.0], type: :f64)])
+    # 0.1 is an f32 constant in Nx, converted to f64 afterwards
+    assert text =~ ~s(dense<"0xCDCCCC3D"> : tensor<f32>)
+    assert text =~ "tensor<f32>) -> tensor<f64>"
+  end
+
+  test "tensors are embedded as hex literals" do
+    t = Nx.tensor([1, 2], type: :u16)
+    text = mlir(fn a -> Nx.add(a, t) end, [t])
+    assert text =~ ~s(dense<"0x01000200"> : tensor<2xui16>)
+  end
+
+  test "hooks compile and their value is still computed" do
+    fun = fn a -> a |> Nx.exp() |> Nx.Defn.Kernel.hook(:exp, &IO.inspect/1) |> Nx.add(1) end
+    %{mlir_module: text} = lower(fun, [@x])
+    assert text =~ "stablehlo.exponential"
+  end
+
+  test "lu raises a clear error" do
+    assert_raise ArgumentError, ~r/lu/, fn ->
+      lower(fn a -> Nx.LinAlg.lu(a) end, [Nx.eye(3)])
+    end
+  end
+
+  test "to_mlir accepts exprs built by hand" do
+    param = Nx.Defn.Expr.parameter(nil, {:f, 32}, {3}, 0)
+
+    %{mlir_module: text, used_inputs: [0]} =
+      Lowering.to_mlir(Nx.negate(param), [EXLA.Shape.make_shape({:f, 32}, {3})], [])
+
+    assert text =~ "stablehlo.negate"
+  end
+end
