@@ -1,0 +1,526 @@
+defmodule EXLA.Client do
+  @moduledoc """
+  Functions for managing `EXLA.Client`.
+
+  A client compiles and runs code on the devices of one platform (the CPU,
+  CUDA or ROCm GPUs, TPUs). It drives them through the platform's PJRT
+  plugin, which `EXLA.Plugin` finds (and, for the CPU, installs).
+
+  Clients are singleton resources: each configured client is created the
+  first time it is fetched, and then shared by everyone for the life of the
+  VM. See `EXLA` for a general introduction.
+
+  ## Configuration
+
+  Clients are configured under the `:exla` application. EXLA ships with one
+  client per platform:
+
+      config :exla, :clients,
+        cuda: [platform: :cuda, memory_fraction: 0.8],
+        rocm: [platform: :rocm, memory_fraction: 0.8],
+        tpu: [platform: :tpu],
+        host: [platform: :host]
+
+  You can replace this list with your own, or change the options of each
+  client as listed below. You can also set `:default_client` to the name of
+  the client to use by default, or `:preferred_clients` to change the order
+  in which clients are tried when no default is set:
+
+      config :exla, :default_client, :host
+      config :exla, :preferred_clients, [:cuda, :rocm, :tpu, :host]
+
+  Without `:default_client`, the default is the first of the
+  `:preferred_clients` whose platform is supported on this machine (see
+  `get_supported_platforms/0`). The CPU is always supported where its
+  plugin is installed or can be installed.
+
+  Avoid configuring several clients for the same device: they would
+  compete for its memory. Use `:default_device_id` to pick the device.
+
+  ## Client options
+
+  Each client accepts the following options:
+
+    * `:platform` - the platform the client runs on. It can be `:host`
+      (CPU), `:cuda`, `:rocm`, or `:tpu`. Defaults to `:host`.
+
+    * `:default_device_id` - the default device ID to run on. For example,
+      if you have two GPUs, you can choose a different one as the default.
+      Defaults to device 0 (the first device). It must be less than the
+      number of devices of the client.
+
+    * `:preallocate` - if the memory should be preallocated on GPU devices.
+      Defaults to `true`.
+
+    * `:memory_fraction` - how much memory of a GPU device to allocate,
+      a number greater than 0 and at most 1. Defaults to `0.9`.
+
+    * `:plugin` - the path of the PJRT plugin library to use, instead of the
+      platform's default one (see `EXLA.Plugin`).
+
+    * `:device_count` - the number of devices of a `:host` client (the CPU
+      is split into that many devices). Only for `:host` clients. Defaults
+      to the `XLA_FLAGS` setting below, else 1.
+
+  ## Host devices
+
+  A `:host` client has a single device, unless `:device_count` is given or
+  the environment variable `XLA_FLAGS` sets XLA's
+  `--xla_force_host_platform_device_count` flag when the client is created:
+
+      XLA_FLAGS=--xla_force_host_platform_device_count=4 mix test
+
+  ## Examples
+
+      iex> client = EXLA.Client.fetch!(:host)
+      iex> client.platform
+      :host
+      iex> client.platform_name
+      "cpu"
+      iex> client.default_device_id
+      0
+
+  """
+
+  use GenServer
+  require Logger
+
+  @platforms [:host, :cuda, :rocm, :tpu]
+
+  @enforce_keys [:ref, :name, :platform, :device_count, :default_device_id]
+  defstruct [
+    :ref,
+    :name,
+    :platform,
+    :device_count,
+    :default_device_id,
+    :platform_name,
+    :platform_version,
+    :plugin_path
+  ]
+
+  @typedoc """
+  A client. `:device_count` devices have the ids `0..device_count - 1`;
+  `:platform_name` and `:platform_version` are what the plugin reports, and
+  `:plugin_path` is the plugin library in use.
+  """
+  @type t :: %__MODULE__{
+          ref: reference(),
+          name: atom(),
+          platform: :host | :cuda | :rocm | :tpu,
+          device_count: pos_integer(),
+          default_device_id: non_neg_integer(),
+          platform_name: String.t() | nil,
+          platform_version: String.t() | nil,
+          plugin_path: Path.t() | nil
+        }
+
+  @option_defaults [
+    platform: :host,
+    default_device_id: 0,
+    preallocate: true,
+    memory_fraction: 0.9,
+    plugin: nil,
+    device_count: nil
+  ]
+
+  @device_count_flag "--xla_force_host_platform_device_count"
+
+  @doc """
+  Starts the process that creates clients one at a time.
+
+  EXLA's application starts it; `fetch!/1` works without it too, but then
+  serializes creation with a `:global` lock.
+  """
+  def start_link(opts \\ []) do
+    GenServer.start_link(__MODULE__, opts, name: __MODULE__)
+  end
+
+  @doc """
+  Returns the name of the default client.
+
+  It is the `:default_client` configuration if set. Otherwise it is the first
+  of the `:preferred_clients` whose platform is supported on this machine
+  (as given by `get_supported_platforms/0`); that choice is made once.
+  """
+  @spec default_name() :: atom()
+  def default_name do
+    case Application.fetch_env(:exla, :default_client) do
+      {:ok, name} ->
+        name
+
+      :error ->
+        case :persistent_term.get({__MODULE__, :default_name}, nil) do
+          nil ->
+            name =
+              choose_default(
+                Application.fetch_env!(:exla, :clients),
+                Application.fetch_env!(:exla, :preferred_clients),
+                get_supported_platforms()
+              )
+
+            :persistent_term.put({__MODULE__, :default_name}, name)
+            name
+
+          name ->
+            name
+        end
+    end
+  end
+
+  @doc false
+  # The default among `preferred` clients, given the supported platforms.
+  def choose_default(clients, preferred, supported) do
+    Enum.find(preferred, fn name ->
+      options =
+        client_config(clients, name) ||
+          raise ArgumentError, "unknown client #{inspect(name)} given as :preferred_clients"
+
+      Map.has_key?(supported, Keyword.get(options, :platform, :host))
+    end) ||
+      raise RuntimeError,
+            "could not find a default client for EXLA: none of the :preferred_clients " <>
+              "#{inspect(preferred)} runs on a supported platform " <>
+              "(supported: #{inspect(Map.keys(supported))}). The configured EXLA clients " <>
+              "are: #{inspect(clients)}. The :host platform needs the CPU plugin, which " <>
+              "EXLA installs with python3 and pip; see EXLA.Plugin to provide it yourself"
+  end
+
+  @doc """
+  Fetches a client with the given `name` from configuration.
+
+  The client is created on the first call (for the `:host` platform, this
+  may first install the CPU plugin, see `EXLA.Plugin`) and the same client
+  is returned afterwards. Raises `ArgumentError` if no client has this name.
+  """
+  @spec fetch!(atom()) :: t()
+  def fetch!(name) when is_atom(name) do
+    case :persistent_term.get({__MODULE__, name}, nil) do
+      nil -> serialize(fn -> fetch_serialized(name) end)
+      client -> client
+    end
+  end
+
+  @doc """
+  Returns a map of supported platforms with device information.
+
+  The keys are the platforms EXLA can run on in this machine and the values
+  their number of devices, for example `%{host: 1, cuda: 2}`. A GPU or TPU
+  platform is supported when its plugin is found and finds devices; the
+  host when its plugin is installed or can be installed. The answer is
+  computed once.
+  """
+  @spec get_supported_platforms() :: %{optional(atom()) => pos_integer()}
+  def get_supported_platforms do
+    case :persistent_term.get({__MODULE__, :supported_platforms}, nil) do
+      nil -> serialize(&supported_serialized/0)
+      platforms -> platforms
+    end
+  end
+
+  ## Options
+
+  @doc false
+  # Validates a client's options, returning them with the defaults filled in.
+  def validate_options!(name, options) do
+    unless Keyword.keyword?(options) do
+      raise ArgumentError,
+            "expected the options of EXLA client #{inspect(name)} to be a keyword list, " <>
+              "got: #{inspect(options)}"
+    end
+
+    options =
+      try do
+        Keyword.validate!(options, @option_defaults)
+      rescue
+        e in ArgumentError ->
+          reraise ArgumentError,
+                  "invalid options for EXLA client #{inspect(name)}: " <> Exception.message(e),
+                  __STACKTRACE__
+      end
+
+    Enum.each(options, &check_option!(name, options[:platform], &1))
+    Keyword.update!(options, :memory_fraction, &(&1 * 1.0))
+  end
+
+  defp check_option!(name, _platform, {:platform, platform}) do
+    if platform not in @platforms do
+      raise ArgumentError,
+            "unknown EXLA platform #{inspect(platform)} for client #{inspect(name)}, " <>
+              "expected one of #{inspect(@platforms)}"
+    end
+  end
+
+  defp check_option!(_name, _platform, {:default_device_id, id})
+       when is_integer(id) and id >= 0,
+       do: :ok
+
+  defp check_option!(_name, _platform, {:preallocate, value}) when is_boolean(value), do: :ok
+
+  defp check_option!(_name, _platform, {:memory_fraction, value})
+       when is_number(value) and value > 0 and value <= 1,
+       do: :ok
+
+  defp check_option!(_name, _platform, {:plugin, path}) when is_nil(path) or is_binary(path),
+    do: :ok
+
+  defp check_option!(_name, _platform, {:device_count, nil}), do: :ok
+
+  defp check_option!(_name, :host, {:device_count, count}) when is_integer(count) and count > 0,
+    do: :ok
+
+  defp check_option!(name, platform, {:device_count, _count}) when platform != :host do
+    raise ArgumentError,
+          "the :device_count option of EXLA client #{inspect(name)} is only supported " <>
+            "by :host clients, but its platform is #{inspect(platform)}"
+  end
+
+  defp check_option!(name, _platform, {key, value}) do
+    raise ArgumentError,
+          "invalid #{inspect(key)} for EXLA client #{inspect(name)}: expected " <>
+            expected(key) <> ", got: #{inspect(value)}"
+  end
+
+  defp expected(:default_device_id), do: "a non-negative integer"
+  defp expected(:preallocate), do: "a boolean"
+  defp expected(:memory_fraction), do: "a number greater than 0 and at most 1"
+  defp expected(:plugin), do: "a path (string)"
+  defp expected(:device_count), do: "a positive integer"
+
+  @doc false
+  # The PJRT create options for validated client options. Only options of
+  # the exact types each plugin expects may be given: a wrong type aborts
+  # the VM on some CPU plugins.
+  def create_options(options) do
+    case Keyword.fetch!(options, :platform) do
+      :host ->
+        [{"cpu_device_count", {:int64, host_device_count(options)}}]
+
+      gpu when gpu in [:cuda, :rocm] ->
+        [
+          {"preallocate", {:bool, Keyword.fetch!(options, :preallocate)}},
+          {"memory_fraction", {:float, Keyword.fetch!(options, :memory_fraction) * 1.0}}
+        ]
+
+      :tpu ->
+        []
+    end
+  end
+
+  @doc false
+  def host_device_count(options) do
+    options[:device_count] || xla_flags_device_count(System.get_env("XLA_FLAGS")) || 1
+  end
+
+  @doc false
+  # The value of --xla_force_host_platform_device_count in XLA_FLAGS (the
+  # last one wins, as in XLA), or nil.
+  def xla_flags_device_count(nil), do: nil
+
+  def xla_flags_device_count(flags) when is_binary(flags) do
+    values =
+      for flag <- String.split(flags),
+          [@device_count_flag, value] <- [String.split(flag, "=", parts: 2)],
+          do: value
+
+    case List.last(values) do
+      nil ->
+        nil
+
+      value ->
+        case Integer.parse(value) do
+          {count, ""} when count > 0 ->
+            count
+
+          _ ->
+            raise ArgumentError,
+                  "expected #{@device_count_flag} in XLA_FLAGS to be a positive integer, " <>
+                    "got: #{inspect(value)}"
+        end
+    end
+  end
+
+  ## Serialized creation
+
+  @impl true
+  def init(_opts), do: {:ok, nil}
+
+  @impl true
+  def handle_call({:serialize, fun}, _from, state) do
+    {:reply, run(fun), state}
+  end
+
+  defp serialize(fun) do
+    result =
+      case Process.whereis(__MODULE__) do
+        nil -> :global.trans({__MODULE__, self()}, fn -> run(fun) end, [node()])
+        pid when pid == self() -> run(fun)
+        pid -> GenServer.call(pid, {:serialize, fun}, :infinity)
+      end
+
+    case result do
+      {:ok, value} -> value
+      {:raise, kind, reason, stacktrace} -> :erlang.raise(kind, reason, stacktrace)
+    end
+  end
+
+  # Runs `fun`, bringing back what it raised so the caller raises it.
+  defp run(fun) do
+    {:ok, fun.()}
+  catch
+    kind, reason -> {:raise, kind, reason, __STACKTRACE__}
+  end
+
+  defp fetch_serialized(name) do
+    key = {__MODULE__, name}
+
+    case :persistent_term.get(key, nil) do
+      nil ->
+        options =
+          client_config(Application.fetch_env!(:exla, :clients), name) ||
+            raise ArgumentError, "could not find EXLA client named #{inspect(name)}"
+
+        client = build!(name, validate_options!(name, options))
+        :persistent_term.put(key, client)
+        client
+
+      client ->
+        client
+    end
+  end
+
+  defp client_config(clients, name) do
+    case List.keyfind(clients, name, 0) do
+      {^name, options} -> options
+      nil -> nil
+    end
+  end
+
+  defp build!(name, options) do
+    platform = options[:platform]
+    path = EXLA.Plugin.path!(platform, plugin: options[:plugin])
+    {ref, info} = create!(path, create_options(options))
+    device_count = length(info.devices)
+
+    if device_count == 0 do
+      raise RuntimeError,
+            "the PJRT plugin #{path} of EXLA client #{inspect(name)} found no devices"
+    end
+
+    default_device_id = options[:default_device_id]
+
+    if default_device_id >= device_count do
+      raise ArgumentError,
+            ":default_device_id of EXLA client #{inspect(name)} must be a number between " <>
+              "0 and #{device_count - 1} (it has #{device_count} device(s)), " <>
+              "got: #{default_device_id}"
+    end
+
+    warn_platform_mismatch(name, platform, info.platform_name, path)
+
+    %__MODULE__{
+      ref: ref,
+      name: name,
+      platform: platform,
+      device_count: device_count,
+      default_device_id: default_device_id,
+      platform_name: info.platform_name,
+      platform_version: info[:platform_version],
+      plugin_path: path
+    }
+  end
+
+  defp create!(path, create_options) do
+    plugin = path |> EXLA.NIF.plugin_load() |> ok!()
+    ref = plugin |> EXLA.NIF.client_create(create_options) |> ok!()
+    {ref, ref |> EXLA.NIF.client_info() |> ok!()}
+  end
+
+  defp ok!({:ok, value}), do: value
+  defp ok!({:error, _} = error), do: EXLA.NIF.unwrap!(error)
+  defp ok!(value), do: value
+
+  @platform_names %{host: ["cpu", "host"], cuda: ["cuda", "gpu"], rocm: ["rocm", "gpu"]}
+
+  defp warn_platform_mismatch(name, platform, platform_name, path) do
+    expected = Map.get(@platform_names, platform)
+
+    if expected && String.downcase(platform_name || "") not in expected do
+      Logger.warning(
+        "EXLA client #{inspect(name)} has platform #{inspect(platform)} but its plugin " <>
+          "#{path} reports platform #{inspect(platform_name)}"
+      )
+    end
+  end
+
+  ## Supported platforms
+
+  defp supported_serialized do
+    key = {__MODULE__, :supported_platforms}
+
+    case :persistent_term.get(key, nil) do
+      nil ->
+        clients = Application.fetch_env!(:exla, :clients)
+
+        platforms =
+          Enum.reduce(@platforms, %{}, fn platform, acc ->
+            case platform_device_count(platform, clients) do
+              nil -> acc
+              count -> Map.put(acc, platform, count)
+            end
+          end)
+
+        :persistent_term.put(key, platforms)
+        platforms
+
+      platforms ->
+        platforms
+    end
+  end
+
+  defp platform_device_count(:host, clients) do
+    plugin = clients |> clients_on(:host) |> Enum.find_value(fn {_, opts} -> opts[:plugin] end)
+
+    if EXLA.Plugin.available?(:host, plugin: plugin) do
+      host_device_count([])
+    end
+  end
+
+  # When the platform's plugin is found, a configured client of the platform
+  # is created (it is the one that will be used); without one, a client with
+  # default options is created only to count the devices.
+  defp platform_device_count(platform, clients) do
+    configured = clients_on(clients, platform)
+    plugin = Enum.find_value(configured, fn {_, opts} -> opts[:plugin] end)
+
+    with {:ok, path} <- EXLA.Plugin.find(platform, plugin: plugin) do
+      case configured do
+        [{name, _} | _] -> fetch_serialized(name).device_count
+        [] -> probe_device_count(platform, path)
+      end
+    else
+      {:error, _} -> nil
+    end
+  rescue
+    e ->
+      Logger.warning(
+        "EXLA found a PJRT plugin for #{inspect(platform)} but cannot use it: " <>
+          Exception.message(e)
+      )
+
+      nil
+  end
+
+  defp probe_device_count(platform, path) do
+    options = validate_options!(platform, platform: platform, preallocate: false)
+    {_ref, info} = create!(path, create_options(options))
+    if info.devices != [], do: length(info.devices)
+  end
+
+  defp clients_on(clients, platform) do
+    for {name, options} <- clients,
+        Keyword.keyword?(options),
+        Keyword.get(options, :platform, :host) == platform,
+        do: {name, options}
+  end
+end

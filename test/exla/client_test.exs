@@ -1,0 +1,325 @@
+defmodule EXLA.ClientTest do
+  # Tests change the :exla application environment and XLA_FLAGS.
+  use ExUnit.Case, async: false
+
+  alias EXLA.Client
+
+  doctest EXLA.Client
+
+  # Adds clients to the configuration for one test.
+  defp put_clients(new) do
+    clients = Application.fetch_env!(:exla, :clients)
+    Application.put_env(:exla, :clients, clients ++ new)
+    on_exit(fn -> Application.put_env(:exla, :clients, clients) end)
+  end
+
+  defp unique_name(prefix) do
+    :"#{prefix}_#{System.unique_integer([:positive])}"
+  end
+
+  defp with_env(name, value, fun) do
+    old = System.get_env(name)
+    if value, do: System.put_env(name, value), else: System.delete_env(name)
+
+    try do
+      fun.()
+    after
+      if old, do: System.put_env(name, old), else: System.delete_env(name)
+    end
+  end
+
+  describe "fetch!/1" do
+    test "creates the host client once and shares it" do
+      client = Client.fetch!(:host)
+
+      assert %Client{name: :host, platform: :host, default_device_id: 0} = client
+      assert client.device_count == Client.host_device_count([])
+      assert client.platform_name == "cpu"
+      assert is_binary(client.platform_version)
+      assert File.regular?(client.plugin_path)
+      assert is_reference(client.ref)
+      assert Client.fetch!(:host) == client
+    end
+
+    test "is fast once the client exists" do
+      Client.fetch!(:host)
+      {time, _} = :timer.tc(fn -> for _ <- 1..10_000, do: Client.fetch!(:host) end)
+      assert time < 500_000
+    end
+
+    test "raises on unknown clients" do
+      assert_raise ArgumentError, "could not find EXLA client named :unknown", fn ->
+        Client.fetch!(:unknown)
+      end
+    end
+
+    test "creates a client only once when fetched concurrently" do
+      name = unique_name(:concurrent)
+      put_clients([{name, [platform: :host, device_count: 2]}])
+
+      clients =
+        1..16
+        |> Task.async_stream(fn _ -> Client.fetch!(name) end, max_concurrency: 16)
+        |> Enum.map(fn {:ok, client} -> client end)
+
+      assert [%Client{name: ^name, device_count: 2}] = Enum.uniq(clients)
+      # the same native client everywhere, not equal copies
+      assert Enum.all?(clients, &(&1.ref == hd(clients).ref))
+    end
+
+    test "honours :device_count and :default_device_id" do
+      name = unique_name(:two_devices)
+      put_clients([{name, [platform: :host, device_count: 3, default_device_id: 2]}])
+
+      assert %Client{device_count: 3, default_device_id: 2} = Client.fetch!(name)
+    end
+
+    test "honours XLA_FLAGS for host clients" do
+      name = unique_name(:xla_flags)
+      put_clients([{name, [platform: :host]}])
+
+      with_env(
+        "XLA_FLAGS",
+        "--xla_cpu_enable_fast_math=false --xla_force_host_platform_device_count=4",
+        fn ->
+          assert %Client{device_count: 4} = Client.fetch!(name)
+        end
+      )
+    end
+
+    test "checks :default_device_id against the devices" do
+      name = unique_name(:bad_device)
+      put_clients([{name, [platform: :host, default_device_id: 2]}])
+
+      message =
+        ":default_device_id of EXLA client #{inspect(name)} must be a number between 0 and 0 " <>
+          "(it has 1 device(s)), got: 2"
+
+      with_env("XLA_FLAGS", nil, fn ->
+        assert_raise ArgumentError, message, fn -> Client.fetch!(name) end
+      end)
+
+      # nothing was kept: the error comes again
+      with_env("XLA_FLAGS", nil, fn ->
+        assert_raise ArgumentError, message, fn -> Client.fetch!(name) end
+      end)
+    end
+
+    test "validates the options before creating anything" do
+      name = unique_name(:invalid)
+      put_clients([{name, [platform: :host, bogus: true]}])
+
+      assert_raise ArgumentError, ~r/invalid options for EXLA client #{inspect(name)}/, fn ->
+        Client.fetch!(name)
+      end
+    end
+
+    test "uses the :plugin option" do
+      host = Client.fetch!(:host)
+      name = unique_name(:own_plugin)
+      put_clients([{name, [platform: :host, plugin: host.plugin_path]}])
+      assert Client.fetch!(name).plugin_path == host.plugin_path
+
+      missing = unique_name(:missing_plugin)
+      put_clients([{missing, [platform: :host, plugin: "/nonexistent/plugin.so"]}])
+
+      assert_raise RuntimeError, ~r/"\/nonexistent\/plugin.so" given by the :plugin option/, fn ->
+        Client.fetch!(missing)
+      end
+    end
+
+    test "reports files that are not PJRT plugins", %{} do
+      path = Path.join(System.tmp_dir!(), "exla_not_a_plugin_#{System.unique_integer()}.so")
+      File.write!(path, "not a shared library")
+      on_exit(fn -> File.rm(path) end)
+
+      name = unique_name(:not_plugin)
+      put_clients([{name, [platform: :host, plugin: path]}])
+      assert_raise RuntimeError, fn -> Client.fetch!(name) end
+    end
+  end
+
+  describe "default_name/0 and get_supported_platforms/0" do
+    test "the host is supported with its devices" do
+      platforms = Client.get_supported_platforms()
+      assert platforms[:host] == Client.host_device_count([])
+      assert Enum.all?(platforms, fn {_, count} -> is_integer(count) and count > 0 end)
+      assert Client.get_supported_platforms() == platforms
+    end
+
+    test "picks a supported client" do
+      name = Client.default_name()
+      assert is_atom(name)
+      assert Client.fetch!(name).platform in Map.keys(Client.get_supported_platforms())
+    end
+
+    test ":default_client wins" do
+      Application.put_env(:exla, :default_client, :some_client)
+      on_exit(fn -> Application.delete_env(:exla, :default_client) end)
+      assert Client.default_name() == :some_client
+    end
+
+    test "choose_default/3 takes the first preferred client on a supported platform" do
+      clients = [
+        cuda: [platform: :cuda],
+        rocm: [platform: :rocm],
+        tpu: [platform: :tpu],
+        host: [platform: :host],
+        other: []
+      ]
+
+      preferred = [:cuda, :rocm, :tpu, :host]
+      assert Client.choose_default(clients, preferred, %{host: 1}) == :host
+      assert Client.choose_default(clients, preferred, %{host: 1, rocm: 2}) == :rocm
+      assert Client.choose_default(clients, preferred, %{host: 1, cuda: 1, tpu: 4}) == :cuda
+      # a client without :platform is on the host
+      assert Client.choose_default(clients, [:other, :host], %{host: 1}) == :other
+
+      assert_raise ArgumentError, "unknown client :nope given as :preferred_clients", fn ->
+        Client.choose_default(clients, [:nope, :host], %{host: 1})
+      end
+
+      assert_raise RuntimeError, ~r/could not find a default client for EXLA/, fn ->
+        Client.choose_default(clients, [:cuda, :tpu], %{host: 1})
+      end
+    end
+  end
+
+  describe "validate_options!/2" do
+    test "fills in the defaults" do
+      defaults = [
+        platform: :host,
+        default_device_id: 0,
+        preallocate: true,
+        memory_fraction: 0.9,
+        plugin: nil,
+        device_count: nil
+      ]
+
+      assert Enum.sort(Client.validate_options!(:a, [])) == Enum.sort(defaults)
+
+      options =
+        Client.validate_options!(:a, platform: :cuda, memory_fraction: 1, preallocate: false)
+
+      assert options[:memory_fraction] === 1.0
+      assert options[:preallocate] == false
+    end
+
+    test "rejects invalid options" do
+      invalid = [
+        {[platform: :gpu], ~r/unknown EXLA platform :gpu for client :a/},
+        {[unknown: 1], ~r/invalid options for EXLA client :a: unknown keys \[:unknown\]/},
+        {[default_device_id: -1],
+         ~r/invalid :default_device_id .* non-negative integer, got: -1/},
+        {[default_device_id: "0"], ~r/invalid :default_device_id/},
+        {[preallocate: "yes"], ~r/invalid :preallocate for EXLA client :a: expected a boolean/},
+        {[memory_fraction: 0], ~r/invalid :memory_fraction .* greater than 0 and at most 1/},
+        {[memory_fraction: 1.5], ~r/invalid :memory_fraction/},
+        {[memory_fraction: "0.5"], ~r/invalid :memory_fraction/},
+        {[plugin: :path], ~r/invalid :plugin for EXLA client :a: expected a path/},
+        {[device_count: 0], ~r/invalid :device_count .* positive integer, got: 0/},
+        {[platform: :cuda, device_count: 2], ~r/:device_count option .* only supported by :host/}
+      ]
+
+      for {options, message} <- invalid do
+        assert_raise ArgumentError, message, fn -> Client.validate_options!(:a, options) end
+      end
+
+      assert_raise ArgumentError, ~r/to be a keyword list, got: %{}/, fn ->
+        Client.validate_options!(:a, %{})
+      end
+    end
+  end
+
+  describe "create_options/1" do
+    test "host clients pass only an int64 device count" do
+      with_env("XLA_FLAGS", nil, fn ->
+        options = Client.validate_options!(:a, platform: :host, memory_fraction: 0.5)
+        assert Client.create_options(options) == [{"cpu_device_count", {:int64, 1}}]
+
+        options = Client.validate_options!(:a, platform: :host, device_count: 8)
+        assert Client.create_options(options) == [{"cpu_device_count", {:int64, 8}}]
+      end)
+    end
+
+    test "GPU clients pass a bool and a float" do
+      for platform <- [:cuda, :rocm] do
+        options = Client.validate_options!(:a, platform: platform, memory_fraction: 1)
+
+        assert Client.create_options(options) == [
+                 {"preallocate", {:bool, true}},
+                 {"memory_fraction", {:float, 1.0}}
+               ]
+      end
+    end
+
+    test "TPU clients pass nothing" do
+      assert Client.create_options(Client.validate_options!(:a, platform: :tpu)) == []
+    end
+  end
+
+  describe "XLA_FLAGS" do
+    test "xla_flags_device_count/1 reads the host device count" do
+      assert Client.xla_flags_device_count(nil) == nil
+      assert Client.xla_flags_device_count("") == nil
+      assert Client.xla_flags_device_count("--xla_cpu_use_thunk_runtime=false") == nil
+      assert Client.xla_flags_device_count("--xla_force_host_platform_device_count=8") == 8
+
+      assert Client.xla_flags_device_count(
+               "  --xla_dump_to=/tmp/x\t--xla_force_host_platform_device_count=2  "
+             ) == 2
+
+      # the last one wins
+      assert Client.xla_flags_device_count(
+               "--xla_force_host_platform_device_count=2 --xla_force_host_platform_device_count=3"
+             ) == 3
+
+      # other flags with the same prefix are not it
+      assert Client.xla_flags_device_count("--xla_force_host_platform_device_count_x=5") == nil
+    end
+
+    test "xla_flags_device_count/1 rejects bad values" do
+      for value <- ["0", "-1", "two", "", "2.0"] do
+        assert_raise ArgumentError,
+                     ~r/expected --xla_force_host_platform_device_count in XLA_FLAGS to be a positive integer/,
+                     fn ->
+                       Client.xla_flags_device_count(
+                         "--xla_force_host_platform_device_count=#{value}"
+                       )
+                     end
+      end
+    end
+
+    test "host_device_count/1 prefers :device_count, then XLA_FLAGS, then 1" do
+      with_env("XLA_FLAGS", nil, fn ->
+        assert Client.host_device_count([]) == 1
+        assert Client.host_device_count(device_count: 5) == 5
+      end)
+
+      with_env("XLA_FLAGS", "--xla_force_host_platform_device_count=6", fn ->
+        assert Client.host_device_count([]) == 6
+        assert Client.host_device_count(device_count: 5) == 5
+      end)
+    end
+  end
+
+  describe "without the EXLA.Client process" do
+    test "fetch!/1 still creates a client once" do
+      name = unique_name(:no_server)
+      put_clients([{name, [platform: :host]}])
+
+      pid = Process.whereis(EXLA.Client)
+      :ok = Supervisor.terminate_child(EXLA.Supervisor, EXLA.Client)
+      on_exit(fn -> Supervisor.restart_child(EXLA.Supervisor, EXLA.Client) end)
+      refute Process.whereis(EXLA.Client)
+
+      clients =
+        1..8
+        |> Task.async_stream(fn _ -> Client.fetch!(name) end, max_concurrency: 8)
+        |> Enum.map(fn {:ok, client} -> client.ref end)
+
+      assert length(Enum.uniq(clients)) == 1
+      assert is_pid(pid)
+    end
+  end
+end
