@@ -13,11 +13,6 @@ defmodule EXLA.LoweringCase do
     end
   end
 
-  @doc "Traces `fun` with `args` and returns the expression container."
-  def trace(fun, args) do
-    Nx.Defn.debug_expr(fun).(args_list(args))
-  end
-
   @doc "Lowers `fun` applied to `args` (a list of tensors or containers)."
   def lower(fun, args, opts \\ []) do
     expr = apply(Nx.Defn.debug_expr(fun), args)
@@ -66,31 +61,48 @@ defmodule EXLA.LoweringCase do
   `:atol`, `:rtol` (floats), `:precision` (lowering option).
   """
   def assert_same(fun, args, opts \\ []) do
-    expected = fun |> reference(args) |> List.wrap() |> flatten()
+    result = reference(fun, args)
+    expected = flatten([result])
     actual = run(fun, args, Keyword.take(opts, [:precision]))
     assert length(expected) == length(actual)
 
-    Enum.zip_with(expected, actual, fn e, a ->
-      assert_tensor(e, a, opts)
-    end)
+    [labels(result), expected, actual]
+    |> Enum.zip_with(fn [label, e, a] -> assert_tensor(e, a, Keyword.put(opts, :label, label)) end)
 
     actual
   end
 
+  defp labels(%{} = map) when not is_struct(map) do
+    map
+    |> Map.keys()
+    |> Enum.sort()
+    |> Enum.flat_map(fn key -> Enum.map(flatten([map[key]]), fn _ -> key end) end)
+  end
+
+  defp labels(tuple) when is_tuple(tuple) do
+    tuple
+    |> Tuple.to_list()
+    |> Enum.with_index()
+    |> Enum.flat_map(fn {elem, i} -> Enum.map(flatten([elem]), fn _ -> i end) end)
+  end
+
+  defp labels(other), do: flatten([other]) |> Enum.map(fn _ -> nil end)
+
   @doc "Asserts two tensors are equal (integers) or close (floats/complex)."
   def assert_tensor(expected, actual, opts \\ []) do
     expected = Nx.devectorize(expected)
+    label = if opts[:label] != nil, do: "#{inspect(opts[:label])}: ", else: ""
 
     assert expected.type == actual.type,
-           "type #{inspect(actual.type)} != #{inspect(expected.type)}"
+           "#{label}type #{inspect(actual.type)} != #{inspect(expected.type)}"
 
     assert expected.shape == actual.shape,
-           "shape #{inspect(actual.shape)} != #{inspect(expected.shape)}"
+           "#{label}shape #{inspect(actual.shape)} != #{inspect(expected.shape)}"
 
     case expected.type do
       {kind, _} when kind in [:s, :u] ->
         assert Nx.to_binary(expected) == Nx.to_binary(actual),
-               "expected #{inspect(expected)}\ngot #{inspect(actual)}"
+               "#{label}expected #{inspect(expected)}\ngot #{inspect(actual)}"
 
       _ ->
         atol = Keyword.get(opts, :atol, 1.0e-5)
@@ -100,7 +112,7 @@ defmodule EXLA.LoweringCase do
           Nx.all_close(expected, actual, atol: atol, rtol: rtol, equal_nan: true)
           |> Nx.to_number()
 
-        assert close == 1, "expected #{inspect(expected)}\ngot #{inspect(actual)}"
+        assert close == 1, "#{label}expected #{inspect(expected)}\ngot #{inspect(actual)}"
     end
   end
 
@@ -110,6 +122,4 @@ defmodule EXLA.LoweringCase do
     |> Nx.Defn.Composite.flatten_list()
     |> Enum.map(&Nx.to_tensor/1)
   end
-
-  defp args_list(args), do: args
 end
