@@ -48,6 +48,12 @@ pub struct ClientInfo {
 
 #[rustler::nif(schedule = "DirtyIo")]
 fn plugin_load(path: String) -> NifResult<ResourceArc<PluginResource>> {
+    // Plugins log INFO lines to stderr through absl and read this once when
+    // loaded; keep warnings and errors unless the user chose a level. The
+    // BEAM's os:putenv does not reach the C environment, so it is set here.
+    if std::env::var_os("TF_CPP_MIN_LOG_LEVEL").is_none() {
+        std::env::set_var("TF_CPP_MIN_LOG_LEVEL", "1");
+    }
     let plugin = pjrt::Plugin::load(&path)?;
     Ok(ResourceArc::new(PluginResource(plugin)))
 }

@@ -22,6 +22,61 @@ pub enum OptionValue {
     Bool(bool),
 }
 
+/// Create options whose type is known across the CPU and GPU plugins. The
+/// CPU plugins abort the process when one of these has another type, so a
+/// mismatch is refused before the plugin sees it. Unknown names pass through.
+const KNOWN_OPTION_TYPES: &[(&str, OptionKind)] = &[
+    ("cpu_device_count", OptionKind::Int64),
+    ("asynchronous", OptionKind::Bool),
+    ("preallocate", OptionKind::Bool),
+    ("memory_fraction", OptionKind::Float),
+    ("allocator", OptionKind::String),
+    ("visible_devices", OptionKind::Int64List),
+    ("node_id", OptionKind::Int64),
+    ("num_nodes", OptionKind::Int64),
+    ("platform_name", OptionKind::String),
+    ("collective_memory_size", OptionKind::Int64),
+    ("should_stage_host_to_device_transfers", OptionKind::Bool),
+    ("enable_mock_nccl", OptionKind::Bool),
+];
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum OptionKind {
+    String,
+    Int64,
+    Int64List,
+    Float,
+    Bool,
+}
+
+impl OptionValue {
+    fn kind(&self) -> OptionKind {
+        match self {
+            OptionValue::String(_) => OptionKind::String,
+            OptionValue::Int64(_) => OptionKind::Int64,
+            OptionValue::Int64List(_) => OptionKind::Int64List,
+            OptionValue::Float(_) => OptionKind::Float,
+            OptionValue::Bool(_) => OptionKind::Bool,
+        }
+    }
+}
+
+fn check_option(name: &str, value: &OptionValue) -> Result<()> {
+    let known = KNOWN_OPTION_TYPES.iter().find(|(known, _)| *known == name);
+    match known {
+        Some((_, kind)) if *kind != value.kind() => Err(Error::invalid(format!(
+            "client option {name} must be of type {kind:?}, got {:?}",
+            value.kind()
+        ))),
+        _ if name == "cpu_device_count" && !matches!(value, OptionValue::Int64(1..=1024)) => {
+            Err(Error::invalid(format!(
+                "cpu_device_count must be between 1 and 1024, got {value:?}"
+            )))
+        }
+        _ => Ok(()),
+    }
+}
+
 /// One addressable device of a client.
 #[derive(Debug)]
 pub struct Device {
@@ -161,6 +216,15 @@ impl Client {
             return Err(Error::invalid("the MLIR program is empty"));
         }
         let ordinal = i64::from(self.device(device)?.id);
+        // XLA builds a device assignment of replicas x partitions before it
+        // looks at anything else; huge counts would exhaust memory.
+        let devices = self.devices.len() as i64;
+        if options.num_replicas.saturating_mul(options.num_partitions) > devices {
+            return Err(Error::invalid(format!(
+                "num_replicas ({}) times num_partitions ({}) exceeds the {devices} device(s) of the client",
+                options.num_replicas, options.num_partitions
+            )));
+        }
         let encoded = CompileOptions {
             device_ordinal: ordinal,
             ..*options
@@ -261,6 +325,7 @@ impl NamedValues {
             if name.is_empty() {
                 return Err(Error::invalid("client option names must not be empty"));
             }
+            check_option(name, value)?;
             let mut nv = new_args!(ffi::PJRT_NamedValue, value_size);
             let name_bytes = name.as_bytes().to_vec();
             nv.name = name_bytes.as_ptr().cast();

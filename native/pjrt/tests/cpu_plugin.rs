@@ -100,6 +100,22 @@ fn reports_version_and_devices() {
 }
 
 #[test]
+fn refuses_create_options_of_the_wrong_type() {
+    let plugin = plugin();
+    for bad in [
+        OptionValue::String("1".into()),
+        OptionValue::Float(1.0),
+        OptionValue::Int64(0),
+        OptionValue::Int64(-5),
+    ] {
+        let result = Client::create(&plugin, &[("cpu_device_count".into(), bad)]);
+        assert!(matches!(result, Err(Error::InvalidArgument(_))));
+    }
+    let result = Client::create(&plugin, &[("asynchronous".into(), OptionValue::Int64(1))]);
+    assert!(matches!(result, Err(Error::InvalidArgument(_))));
+}
+
+#[test]
 fn loading_twice_returns_the_same_plugin() {
     assert!(Arc::ptr_eq(&plugin(), &plugin()));
 }
@@ -218,6 +234,13 @@ fn refuses_zero_replicas_before_the_plugin_sees_them() {
         num_partitions: 1,
     };
     let result = client.compile(ADD.as_bytes(), 0, &options);
+    assert!(matches!(result, Err(Error::InvalidArgument(_))));
+    let huge = CompileOptions {
+        device_ordinal: -1,
+        num_replicas: i64::MAX,
+        num_partitions: i64::MAX,
+    };
+    let result = client.compile(ADD.as_bytes(), 0, &huge);
     assert!(matches!(result, Err(Error::InvalidArgument(_))));
 }
 

@@ -1,0 +1,89 @@
+defmodule EXLA.DeviceBufferTest do
+  use ExUnit.Case, async: true
+
+  alias EXLA.{DeviceBuffer, Shape}
+
+  setup do
+    {:ok, client: EXLA.Client.fetch!(:host)}
+  end
+
+  defp f32(values), do: for(v <- values, into: <<>>, do: <<v::float-32-native>>)
+
+  test "places and reads data of every type", %{client: client} do
+    for {type, data} <- [
+          {{:u, 8}, <<1, 2, 255>>},
+          {{:s, 16}, <<-2::16-native-signed, 7::16-native-signed, 0::16>>},
+          {{:s, 64}, <<-1::64-native-signed, 2::64-native, 3::64-native>>},
+          {{:f, 16}, <<0x3C00::16-native, 0xC000::16-native, 0::16>>},
+          {{:bf, 16}, <<0x3F80::16-native, 0xC000::16-native, 0::16>>},
+          {{:f, 64}, <<1.5::float-64-native, -2.0::float-64-native, 0.0::float-64-native>>},
+          {{:c, 64}, f32([1.0, 2.0, 3.0, 4.0, 5.0, 6.0])}
+        ] do
+      buffer = DeviceBuffer.place_on_device(data, Shape.make_shape(type, {3}), client, 0)
+      assert DeviceBuffer.read(buffer) == data
+      assert is_reference(buffer.ref)
+    end
+  end
+
+  test "reads at most the given number of bytes", %{client: client} do
+    buffer =
+      DeviceBuffer.place_on_device(
+        f32([1.0, 2.0, 3.0]),
+        Shape.make_shape({:f, 32}, {3}),
+        client,
+        0
+      )
+
+    assert DeviceBuffer.read(buffer, 4) == f32([1.0])
+    assert DeviceBuffer.read(buffer, 0) == ""
+    assert DeviceBuffer.read(buffer, 1000) == f32([1.0, 2.0, 3.0])
+  end
+
+  test "transfers large buffers both ways", %{client: client} do
+    data = :crypto.strong_rand_bytes(8 * 1024 * 1024)
+
+    buffer =
+      DeviceBuffer.place_on_device(data, Shape.make_shape({:u, 8}, {byte_size(data)}), client, 0)
+
+    assert DeviceBuffer.read(buffer) == data
+  end
+
+  test "deallocate frees once", %{client: client} do
+    buffer = DeviceBuffer.place_on_device(f32([1.0]), Shape.make_shape({:f, 32}, {1}), client, 0)
+    assert DeviceBuffer.deallocate(buffer) == :ok
+    assert DeviceBuffer.deallocate(buffer) == :already_deallocated
+
+    assert_raise ArgumentError, ~r/called on deleted or donated buffer/, fn ->
+      DeviceBuffer.read(buffer)
+    end
+  end
+
+  test "copies to a device of the same client", %{client: client} do
+    buffer = DeviceBuffer.place_on_device(f32([4.0]), Shape.make_shape({:f, 32}, {1}), client, 0)
+    copy = DeviceBuffer.copy_to_device(buffer, client, 0)
+    assert copy.ref != buffer.ref
+    assert DeviceBuffer.read(copy) == f32([4.0])
+  end
+
+  test "rejects data of the wrong size", %{client: client} do
+    assert_raise ArgumentError, ~r/expected 12 bytes/, fn ->
+      DeviceBuffer.place_on_device(<<0, 0, 0, 0>>, Shape.make_shape({:f, 32}, {3}), client, 0)
+    end
+  end
+
+  test "rejects non-binary data and unknown types", %{client: client} do
+    assert_raise ArgumentError, ~r/expected a binary/, fn ->
+      DeviceBuffer.place_on_device([1, 2, 3], Shape.make_shape({:u, 8}, {3}), client, 0)
+    end
+
+    assert_raise ArgumentError, ~r/unsupported type/, fn ->
+      Shape.make_shape({:f, 8}, {3})
+    end
+  end
+
+  test "rejects device ids out of range", %{client: client} do
+    assert_raise ArgumentError, ~r/device id 7 is out of range/, fn ->
+      DeviceBuffer.place_on_device(<<1>>, Shape.make_shape({:u, 8}, {1}), client, 7)
+    end
+  end
+end
