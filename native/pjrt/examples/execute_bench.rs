@@ -24,15 +24,23 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
 
 fn main() -> pjrt::Result<()> {
     let mut args = std::env::args().skip(1);
-    let path = args.next().expect("usage: execute_bench PLUGIN [ITERATIONS]");
+    let path = args
+        .next()
+        .expect("usage: execute_bench PLUGIN [ITERATIONS]");
     let iterations: usize = args.next().and_then(|n| n.parse().ok()).unwrap_or(20_000);
     let plugin = Plugin::load(path)?;
-    let client = Client::create(&plugin, &[("cpu_device_count".into(), OptionValue::Int64(1))])?;
+    let client = Client::create(
+        &plugin,
+        &[("cpu_device_count".into(), OptionValue::Int64(1))],
+    )?;
     let shape = Shape::new(ElementType::F32, vec![3])?;
     let exe = client
         .compile(ADD.as_bytes(), 0, &CompileOptions::default())?
         .with_input_shapes(vec![shape.clone(), shape.clone()]);
-    let data: Vec<u8> = [1.0f32, 2.0, 3.0].iter().flat_map(|v| v.to_le_bytes()).collect();
+    let data: Vec<u8> = [1.0f32, 2.0, 3.0]
+        .iter()
+        .flat_map(|v| v.to_le_bytes())
+        .collect();
     let a = client.buffer_from_host(&data, &shape, 0)?;
 
     let mut times = Vec::with_capacity(iterations);
