@@ -128,8 +128,7 @@ defmodule EXLA.Lowering.StructureTest do
         add_dup:
           Nx.indexed_add(x, Nx.tensor([[0, 0], [0, 0], [1, 2]]), Nx.tensor([1.0, 2.0, 3.0])),
         add_axes:
-          Nx.indexed_add(x, Nx.tensor([[1], [0]]), Nx.tensor([[1.0, 2.0], [4.0, 5.0]]), axes: [1]
-          ),
+          Nx.indexed_add(x, Nx.tensor([[1], [0]]), Nx.tensor([[1.0, 2.0], [4.0, 5.0]]), axes: [1]),
         put_rows: Nx.indexed_put(x, Nx.tensor([[1]]), Nx.tensor([[9.0, 8.0, 7.0]])),
         mixed: Nx.indexed_add(Nx.as_type(x, :s32), idx, Nx.tensor([1, 2]))
       }

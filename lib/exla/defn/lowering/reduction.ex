@@ -111,7 +111,8 @@ defmodule EXLA.Defn.Lowering.Reduction do
     {source, b} = lower_as(source, t.type, b)
     {init, b} = lower_as(init, t.type, b)
     scalar = {t.type, {}}
-    direction = if op == :window_scatter_max, do: "GE", else: "LE"
+    # Strict comparisons: on ties the later element of the window wins, as in Nx.
+    direction = if op == :window_scatter_max, do: "GT", else: "LT"
 
     {select, b} =
       region(b, [scalar, scalar], :isolated, fn b, [l, r] ->
