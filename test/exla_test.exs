@@ -2,6 +2,7 @@ defmodule EXLATest do
   use ExUnit.Case, async: false
 
   import ExUnit.CaptureLog
+  require Logger
 
   setup do
     previous = Application.get_env(:exla, :add_backend_on_inspect)
@@ -187,6 +188,9 @@ defmodule EXLATest do
 
   describe "options" do
     test "debug: true logs evaluation, compilation and execution" do
+      level = Logger.level()
+      Logger.configure(level: :debug)
+      on_exit(fn -> Logger.configure(level: level) end)
       fun = adder(8)
       x = on_device([1.0])
 
@@ -202,6 +206,9 @@ defmodule EXLATest do
     end
 
     test "without debug nothing is logged" do
+      level = Logger.level()
+      Logger.configure(level: :debug)
+      on_exit(fn -> Logger.configure(level: level) end)
       logs = capture_log([level: :debug], fn -> EXLA.jit(adder(9)).(on_device([1.0])) end)
       refute logs =~ "EXLA"
     end

@@ -101,17 +101,20 @@ defmodule EXLA.Backend do
   end
 
   @impl true
-  def eye(out, opts), do: create(:eye, out, [], opts)
+  def eye(out, opts), do: create(:eye, out, [[]], opts)
 
   @impl true
-  def iota(out, axis, opts), do: create(:iota, out, [axis], opts)
+  def iota(out, axis, opts), do: create(:iota, out, [axis, []], opts)
 
   defp create(op, out, args, opts) do
     {client, device_id} = client_and_device!(opts)
     jit(op, out, args, {client.name, device_id})
   end
 
+  # Nx does not call init/1 for every allocation (Nx.tensor/2 does not),
+  # so the options are validated here too.
   defp client_and_device!(opts) do
+    opts = init(opts)
     client = EXLA.Client.fetch!(opts[:client] || EXLA.Client.default_name())
     device_id = opts[:device_id] || client.default_device_id
 
@@ -347,7 +350,7 @@ defmodule EXLA.Backend do
   end
 
   defp compile(key, name, tensors, client_name, device_id, build) do
-    templates = Enum.map(tensors, &%{&1 | data: nil})
+    templates = Enum.map(tensors, &Nx.to_template/1)
     opts = [client: client_name, device_id: device_id]
     %Compiled{} = EXLA.Defn.__compile_op__(key, name, templates, build, opts)
   end

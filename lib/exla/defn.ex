@@ -170,7 +170,7 @@ defmodule EXLA.Defn do
     outputs
   end
 
-  defp param(%T{} = t, i), do: Nx.Defn.Expr.parameter(%{t | data: nil}, :root, i)
+  defp param(%T{} = t, i), do: Nx.Defn.Expr.parameter(t, :root, i)
 
   defp as_expr(fun) do
     previous_backend = Process.put(Nx.Shared.backend_pdict_key(), {Nx.Defn.Expr, []})
@@ -240,7 +240,7 @@ defmodule EXLA.Defn do
     client = EXLA.Client.fetch!(opts[:client])
     %{mlir_module: mlir, output_shapes: _} = lowered = lower(expr, vars, opts)
     exe = EXLA.Executable.compile(client, mlir, device_id: opts[:device_id])
-    output = Composite.traverse(expr, &%{&1 | data: nil})
+    output = Composite.traverse(expr, &%{&1 | data: %Nx.TemplateBackend{}})
 
     %Compiled{
       exe: exe,

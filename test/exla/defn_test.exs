@@ -10,9 +10,9 @@ defmodule EXLA.DefnTest do
   defn grad_of_square(t), do: grad(t, &Nx.sum(&1 * &1))
 
   defn count_up(n) do
-    {_, acc} =
-      while {i = 0, acc = 0}, i < n do
-        {i + 1, acc + i}
+    {_, acc, _} =
+      while {i = 0, acc = 0, n}, i < n do
+        {i + 1, acc + i, n}
       end
 
     acc
