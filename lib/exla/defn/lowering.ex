@@ -346,7 +346,7 @@ defmodule EXLA.Defn.Lowering do
   defp lower_op(:cond, %T{data: %Expr{args: [clauses, last]}} = t, b) do
     types =
       case t.type do
-        {:tuple, _} -> last |> Composite.flatten_list() |> Enum.map(&type_of/1)
+        {:tuple, _} -> [last] |> Composite.flatten_list() |> Enum.map(&type_of/1)
         _ -> [type_of(t)]
       end
 

@@ -1,0 +1,129 @@
+defmodule EXLA.Lowering.LinAlgTest do
+  use EXLA.LoweringCase, async: true
+
+  test "dot: matrix, vector, batched, contracting axes and types" do
+    a = Nx.iota({2, 3, 4}, type: :f32) |> Nx.divide(7)
+    b = Nx.iota({2, 4, 5}, type: :f32) |> Nx.subtract(10)
+
+    fun = fn a, b ->
+      %{
+        batched: Nx.dot(a, [2], [0], b, [1], [0]),
+        outer_axes: Nx.dot(a, [0, 2], b, [0, 1]),
+        matrix: Nx.dot(a[0], b[1]),
+        vector: Nx.dot(a[0][0], b[0][[.., 0]]),
+        int: Nx.dot(Nx.as_type(a[0], :s32), Nx.as_type(b[0], :s32)),
+        mixed: Nx.dot(Nx.as_type(a[0], :s64), b[1]),
+        outer: Nx.outer(a[0][0], b[0][0])
+      }
+    end
+
+    for precision <- [:default, :highest] do
+      assert_same(fun, [a, b], precision: precision, atol: 1.0e-4)
+    end
+
+    assert_same(fun, [Nx.as_type(a, :f64), b], atol: 1.0e-10)
+  end
+
+  test "conv: strides, padding, dilations and groups" do
+    x = Nx.iota({2, 4, 5, 5}, type: :f32) |> Nx.divide(10)
+    k = Nx.iota({6, 2, 3, 2}, type: :f32) |> Nx.subtract(3)
+
+    fun = fn x, k ->
+      %{
+        plain: Nx.conv(x, Nx.slice(k, [0, 0, 0, 0], [6, 2, 3, 2]) |> Nx.tile([1, 2, 1, 1])),
+        strided: Nx.conv(x, Nx.tile(k, [1, 2, 1, 1]), strides: [2, 1], padding: [{1, 2}, {0, 1}]),
+        same: Nx.conv(x, Nx.tile(k, [1, 2, 1, 1]), padding: :same, kernel_dilation: [1, 2]),
+        input_dilation: Nx.conv(x, Nx.tile(k, [1, 2, 1, 1]), input_dilation: [2, 1]),
+        feature_groups: Nx.conv(x, k, feature_group_size: 2),
+        batch_groups:
+          Nx.conv(x, Nx.slice(k, [0, 0, 0, 0], [4, 2, 3, 2]) |> Nx.tile([1, 2, 1, 1]),
+            batch_group_size: 2
+          )
+      }
+    end
+
+    assert_same(fun, [x, k], atol: 1.0e-3)
+  end
+
+  test "conv: permutations and 1-d/3-d" do
+    x = Nx.iota({2, 5, 6, 3}, type: :f32) |> Nx.divide(20)
+    k = Nx.iota({3, 2, 3, 4}, type: :f32) |> Nx.divide(-5)
+
+    fun = fn x, k ->
+      {Nx.conv(x, k,
+         input_permutation: [0, 3, 1, 2],
+         kernel_permutation: [3, 2, 0, 1],
+         output_permutation: [0, 3, 1, 2]
+       ), Nx.conv(Nx.reshape(x, {2, 3, 30}), Nx.reshape(k, {4, 3, 6}), strides: [3]),
+       Nx.conv(Nx.reshape(x, {1, 2, 5, 6, 3}), Nx.reshape(k, {3, 2, 2, 2, 3}))}
+    end
+
+    assert_same(fun, [x, k], atol: 1.0e-3)
+  end
+
+  test "fft and ifft with lengths and axes" do
+    x = Nx.tensor([[1.0, 2.0, 0.5, -1.0], [0.0, 1.0, 3.0, 2.0]])
+
+    fun = fn x ->
+      %{
+        fft: Nx.fft(x),
+        ifft: Nx.ifft(x),
+        pad: Nx.fft(x, length: 6),
+        trunc: Nx.ifft(x, length: 3),
+        c128: Nx.fft(Nx.as_type(x, :c128)),
+        fft2: Nx.fft2(x)
+      }
+    end
+
+    assert_same(fun, [x], atol: 1.0e-5)
+  end
+
+  test "triangular_solve" do
+    a = Nx.tensor([[2.0, 0.0, 0.0], [1.0, 3.0, 0.0], [-1.0, 2.0, 4.0]])
+    b = Nx.tensor([[1.0, 2.0], [3.0, 4.0], [5.0, 6.0]])
+
+    fun = fn a, b ->
+      %{
+        lower: Nx.LinAlg.triangular_solve(a, b),
+        vector: Nx.LinAlg.triangular_solve(a, b[[.., 0]]),
+        transposed: Nx.LinAlg.triangular_solve(a, b, transform_a: :transpose),
+        upper: Nx.LinAlg.triangular_solve(Nx.transpose(a), b, lower: false),
+        right: Nx.LinAlg.triangular_solve(a, Nx.transpose(b), left_side: false)
+      }
+    end
+
+    assert_same(fun, [a, b], atol: 1.0e-5)
+  end
+
+  test "optional linear algebra through the default implementations" do
+    a = Nx.tensor([[4.0, 1.0, 0.5], [1.0, 3.0, 0.2], [0.5, 0.2, 2.0]])
+    b = Nx.tensor([1.0, -2.0, 0.5])
+
+    fun = fn a, b ->
+      {q, r} = Nx.LinAlg.qr(a)
+
+      %{
+        cholesky: Nx.LinAlg.cholesky(a),
+        solve: Nx.LinAlg.solve(a, b),
+        determinant: Nx.LinAlg.determinant(a),
+        qr: Nx.dot(q, r),
+        r_abs: Nx.abs(r),
+        invert: Nx.LinAlg.invert(a)
+      }
+    end
+
+    assert_same(fun, [a, b], atol: 1.0e-4)
+  end
+
+  @tag :slow
+  test "eigh and svd through the default implementations" do
+    a = Nx.tensor([[4.0, 1.0, 0.5], [1.0, 3.0, 0.2], [0.5, 0.2, 2.0]])
+
+    {expected, _} = reference(fn a -> Nx.LinAlg.eigh(a) end, [a])
+    [vals | _] = run(fn a -> Nx.LinAlg.eigh(a) end, [a])
+    assert_tensor(Nx.sort(expected), Nx.sort(vals), atol: 1.0e-2)
+
+    [_u, s, _vt] = run(fn a -> Nx.LinAlg.svd(a) end, [a])
+    assert_tensor(Nx.sort(expected), Nx.sort(s), atol: 1.0e-2)
+  end
+end
