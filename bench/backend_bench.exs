@@ -18,10 +18,8 @@ defmodule BackendBench do
 
     median = times |> Enum.sort() |> Enum.at(div(@rounds, 2))
 
-    IO.puts(
-      (String.pad_trailing(name, 44) <> :io_lib.format("~12.3f µs", [median]))
-      |> to_string()
-    )
+    value = :erlang.float_to_binary(median / 1, decimals: 3)
+    IO.puts(String.pad_trailing(name, 44) <> String.pad_leading(value, 12) <> " µs")
 
     median
   end

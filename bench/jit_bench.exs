@@ -18,10 +18,8 @@ defmodule JitBench do
 
     median = times |> Enum.sort() |> Enum.at(div(@rounds, 2))
 
-    IO.puts(
-      (String.pad_trailing(name, 44) <> :io_lib.format("~8.3f µs", [median]))
-      |> to_string()
-    )
+    value = :erlang.float_to_binary(median / 1, decimals: 3)
+    IO.puts(String.pad_trailing(name, 44) <> String.pad_leading(value, 12) <> " µs")
 
     median
   end
@@ -46,11 +44,12 @@ client = EXLA.Client.fetch!(EXLA.Client.default_name())
 exe = EXLA.Executable.compile(client, mlir)
 buffer = x.data.buffer
 
-floor =
-  JitBench.measure("EXLA.Executable.run + await (floor)", n, fn ->
-    [[out]] = EXLA.Executable.run(exe, [[buffer]])
-    EXLA.DeviceBuffer.await([out])
-  end)
+run_floor = fn ->
+  [[out]] = EXLA.Executable.run(exe, [[buffer]])
+  EXLA.DeviceBuffer.await([out])
+end
+
+floor1 = JitBench.measure("EXLA.Executable.run + await (floor)", n, run_floor)
 
 jitted = EXLA.jit(add)
 jitted.(x)
@@ -62,6 +61,9 @@ comp = JitBench.measure("EXLA.compile(x + x) f32[3]", n, fn -> JitBench.wait(com
 evaluator = Nx.Defn.jit(add, compiler: Nx.Defn.Evaluator)
 xb = Nx.backend_copy(x, Nx.BinaryBackend)
 JitBench.measure("Nx.Defn.Evaluator jit (BinaryBackend)", n, fn -> evaluator.(xb) end)
+
+# The floor again, after everything is warm; the lower one counts.
+floor = min(floor1, JitBench.measure("EXLA.Executable.run + await (floor, again)", n, run_floor))
 
 IO.puts("""
 
