@@ -150,21 +150,13 @@ defmodule EXLA.Client do
         name
 
       :error ->
-        case :persistent_term.get({__MODULE__, :default_name}, nil) do
-          nil ->
-            name =
-              choose_default(
-                Application.fetch_env!(:exla, :clients),
-                Application.fetch_env!(:exla, :preferred_clients),
-                get_supported_platforms()
-              )
-
-            :persistent_term.put({__MODULE__, :default_name}, name)
-            name
-
-          name ->
-            name
-        end
+        cached({__MODULE__, :default_name}, fn ->
+          choose_default(
+            Application.fetch_env!(:exla, :clients),
+            Application.fetch_env!(:exla, :preferred_clients),
+            get_supported_platforms()
+          )
+        end)
     end
   end
 
@@ -195,10 +187,8 @@ defmodule EXLA.Client do
   """
   @spec fetch!(atom()) :: t()
   def fetch!(name) when is_atom(name) do
-    case :persistent_term.get({__MODULE__, name}, nil) do
-      nil -> serialize(fn -> fetch_serialized(name) end)
-      client -> client
-    end
+    :persistent_term.get({__MODULE__, :client, name}, nil) ||
+      serialize(fn -> fetch_serialized(name) end)
   end
 
   @doc """
@@ -212,10 +202,8 @@ defmodule EXLA.Client do
   """
   @spec get_supported_platforms() :: %{optional(atom()) => pos_integer()}
   def get_supported_platforms do
-    case :persistent_term.get({__MODULE__, :supported_platforms}, nil) do
-      nil -> serialize(&supported_serialized/0)
-      platforms -> platforms
-    end
+    :persistent_term.get({__MODULE__, :supported_platforms}, nil) ||
+      serialize(&supported_serialized/0)
   end
 
   ## Options
@@ -372,20 +360,26 @@ defmodule EXLA.Client do
   end
 
   defp fetch_serialized(name) do
-    key = {__MODULE__, name}
+    cached({__MODULE__, :client, name}, fn ->
+      options =
+        client_config(Application.fetch_env!(:exla, :clients), name) ||
+          raise ArgumentError, "could not find EXLA client named #{inspect(name)}"
 
+      build!(name, validate_options!(name, options))
+    end)
+  end
+
+  # Clients and facts about the machine live in :persistent_term: they are
+  # written once and read on every operation.
+  defp cached(key, fun) do
     case :persistent_term.get(key, nil) do
       nil ->
-        options =
-          client_config(Application.fetch_env!(:exla, :clients), name) ||
-            raise ArgumentError, "could not find EXLA client named #{inspect(name)}"
+        value = fun.()
+        :persistent_term.put(key, value)
+        value
 
-        client = build!(name, validate_options!(name, options))
-        :persistent_term.put(key, client)
-        client
-
-      client ->
-        client
+      value ->
+        value
     end
   end
 
@@ -456,26 +450,16 @@ defmodule EXLA.Client do
   ## Supported platforms
 
   defp supported_serialized do
-    key = {__MODULE__, :supported_platforms}
+    cached({__MODULE__, :supported_platforms}, fn ->
+      clients = Application.fetch_env!(:exla, :clients)
 
-    case :persistent_term.get(key, nil) do
-      nil ->
-        clients = Application.fetch_env!(:exla, :clients)
-
-        platforms =
-          Enum.reduce(@platforms, %{}, fn platform, acc ->
-            case platform_device_count(platform, clients) do
-              nil -> acc
-              count -> Map.put(acc, platform, count)
-            end
-          end)
-
-        :persistent_term.put(key, platforms)
-        platforms
-
-      platforms ->
-        platforms
-    end
+      Enum.reduce(@platforms, %{}, fn platform, acc ->
+        case platform_device_count(platform, clients) do
+          nil -> acc
+          count -> Map.put(acc, platform, count)
+        end
+      end)
+    end)
   end
 
   defp platform_device_count(:host, clients) do

@@ -35,7 +35,8 @@ defmodule EXLA.Plugin do
 
   Python packages are looked up with the interpreter named by
   `EXLA_PYTHON` (default: `python3` on the `PATH`), so a virtual
-  environment's interpreter can be used.
+  environment's interpreter can be used. Where the packages are is asked
+  once per VM.
 
   ## Installing the CPU plugin
 
@@ -387,7 +388,23 @@ defmodule EXLA.Plugin do
           print(name + "\\t" + path)
   """
 
+  # Python's answer is kept for the life of the VM: asking costs a Python
+  # start-up (a few hundred milliseconds with some version managers).
   defp python_locations(python) do
+    key = {__MODULE__, :python_locations, python}
+
+    case :persistent_term.get(key, nil) do
+      nil ->
+        locations = ask_python_locations(python)
+        :persistent_term.put(key, locations)
+        locations
+
+      locations ->
+        locations
+    end
+  end
+
+  defp ask_python_locations(python) do
     case System.cmd(python, ["-c", @locations_script], stderr_to_stdout: true) do
       {output, 0} ->
         for line <- String.split(output, "\n", trim: true),

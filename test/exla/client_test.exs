@@ -80,7 +80,7 @@ defmodule EXLA.ClientTest do
 
       with_env(
         "XLA_FLAGS",
-        "--xla_cpu_enable_fast_math=false --xla_force_host_platform_device_count=4",
+        "--xla_force_host_platform_device_count=4",
         fn ->
           assert %Client{device_count: 4} = Client.fetch!(name)
         end
