@@ -131,12 +131,11 @@ defmodule EXLA.Plugin do
   @spec path!(platform(), keyword()) :: Path.t()
   def path!(platform, opts \\ []) do
     opts = validate!(platform, opts)
-
-    installable = platform == :host and opts[:install] and given(platform, opts) == nil
+    installs = installs?(platform, opts)
 
     case locate(platform, opts) do
       {:ok, path} -> path
-      {:error, _} when installable -> install!(opts)
+      {:error, _} when installs -> install!(opts)
       {:error, message} -> raise RuntimeError, message
     end
   end
@@ -165,12 +164,8 @@ defmodule EXLA.Plugin do
     opts = validate!(platform, opts)
 
     case locate(platform, opts) do
-      {:ok, _} ->
-        true
-
-      {:error, _} ->
-        platform == :host and opts[:install] and given(platform, opts) == nil and
-          installable?(opts)
+      {:ok, _} -> true
+      {:error, _} -> installs?(platform, opts) and installable?(opts)
     end
   end
 
@@ -226,6 +221,14 @@ defmodule EXLA.Plugin do
         install_from_wheel!(downloaded_wheel!(download_dir, wheel), opts)
       end)
     end
+  rescue
+    e in File.Error ->
+      reraise RuntimeError,
+              install_error(
+                Exception.message(e) <>
+                  ". Set EXLA_CACHE_DIR to a directory you can write to"
+              ),
+              __STACKTRACE__
   end
 
   @doc """
@@ -295,6 +298,11 @@ defmodule EXLA.Plugin do
       {path, source} -> existing(path, source)
       nil -> default(platform, opts)
     end
+  end
+
+  # Only the default CPU plugin is installed, never one that was named.
+  defp installs?(platform, opts) do
+    platform == :host and opts[:install] == true and given(platform, opts) == nil
   end
 
   # A plugin named by the :plugin option or the environment.

@@ -385,6 +385,21 @@ defmodule EXLA.PluginTest do
       end
     end
 
+    test "explains what to do when the cache is not writable", %{tmp_dir: dir} do
+      if supported_arch?() do
+        python = script(dir, "python", "exit 0\n")
+        # a file where the cache directory should be
+        cache = Path.join(dir, "cache")
+        File.write!(cache, "")
+
+        error =
+          assert_raise RuntimeError, fn -> Plugin.install!(cache_dir: cache, python: python) end
+
+        assert Exception.message(error) =~ "Set EXLA_CACHE_DIR to a directory you can write to"
+        assert_instructions(Exception.message(error))
+      end
+    end
+
     test "install_from_wheel!/2 checks the pinned hash", %{tmp_dir: dir} do
       if supported_arch?() do
         fake = fake_wheel(dir, [{@member, "a fake library"}])
