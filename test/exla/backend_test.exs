@@ -10,6 +10,20 @@ defmodule EXLA.BackendTest do
 
   doctest EXLA.Backend
 
+  # A second host client with two devices, to mix clients and devices.
+  setup_all do
+    clients = Application.fetch_env!(:exla, :clients)
+
+    unless Keyword.has_key?(clients, :backend_test_multi) do
+      clients = clients ++ [backend_test_multi: [platform: :host, device_count: 2]]
+      Application.put_env(:exla, :clients, clients)
+    end
+
+    :ok
+  end
+
+  defp multi(device_id), do: {EXLA.Backend, client: :backend_test_multi, device_id: device_id}
+
   defp client, do: EXLA.Client.fetch!(EXLA.Client.default_name())
 
   defp assert_deleted(fun) do
@@ -134,6 +148,69 @@ defmodule EXLA.BackendTest do
     end
   end
 
+  describe "clients and devices" do
+    test "allocates on the given client and device" do
+      t = Nx.tensor([1, 2, 3], backend: multi(1))
+      assert %{client_name: :backend_test_multi, device_id: 1} = t.data.buffer
+      assert Nx.to_flat_list(t) == [1, 2, 3]
+    end
+
+    test "transfers between devices of a client" do
+      t = Nx.tensor([1, 2, 3], backend: multi(0))
+      moved = Nx.backend_transfer(t, multi(1))
+      assert %{client_name: :backend_test_multi, device_id: 1} = moved.data.buffer
+      assert Nx.to_flat_list(moved) == [1, 2, 3]
+      assert Nx.backend_deallocate(t) == :already_deallocated
+    end
+
+    test "copies between clients" do
+      t = Nx.tensor([1.0, 2.0], backend: multi(1))
+      copy = Nx.backend_copy(t, EXLA.Backend)
+      assert copy.data.buffer.client_name == client().name
+      assert Nx.to_flat_list(copy) == [1.0, 2.0]
+      assert Nx.to_flat_list(t) == [1.0, 2.0]
+    end
+
+    test "operations run where the first device tensor lives" do
+      a = Nx.tensor([1, 2], backend: multi(1))
+      b = Nx.tensor([10, 20], backend: multi(0))
+      c = Nx.tensor([100, 200], backend: EXLA.Backend)
+
+      ab = Nx.add(a, b)
+      assert %{client_name: :backend_test_multi, device_id: 1} = ab.data.buffer
+      assert Nx.to_flat_list(ab) == [11, 22]
+
+      ca = Nx.add(c, a)
+      assert ca.data.buffer.client_name == client().name
+      assert Nx.to_flat_list(ca) == [101, 202]
+
+      # the inputs are untouched
+      assert Nx.to_flat_list(b) == [10, 20]
+    end
+
+    test "eye and iota on another device" do
+      assert %{device_id: 1} = Nx.iota({3}, backend: multi(1)).data.buffer
+      assert Nx.to_flat_list(Nx.eye(2, backend: multi(1))) == [1, 0, 0, 1]
+    end
+
+    test "jit on another client or device transfers the arguments" do
+      a = Nx.tensor([1, 2], backend: EXLA.Backend)
+      b = Nx.tensor([3, 4], backend: multi(0))
+      result = EXLA.jit(&Nx.add/2, client: :backend_test_multi, device_id: 1).(a, b)
+      assert %{client_name: :backend_test_multi, device_id: 1} = result.data.buffer
+      assert Nx.to_flat_list(result) == [4, 6]
+    end
+
+    test "jit results follow the compiler options" do
+      result = Nx.Defn.jit(&Nx.negate/1, compiler: EXLA, client: :backend_test_multi).(1)
+      assert %{client_name: :backend_test_multi, device_id: 0} = result.data.buffer
+
+      partitions = EXLA.__partitions_options__(client: :backend_test_multi)
+      assert Enum.map(partitions, & &1[:device_id]) == [0, 1]
+      assert Enum.all?(partitions, &(&1[:client] == :backend_test_multi))
+    end
+  end
+
   describe "lifetime" do
     test "backend_deallocate frees at once" do
       t = Nx.tensor([1, 2, 3], backend: EXLA.Backend)
@@ -194,6 +271,14 @@ defmodule EXLA.BackendTest do
       {p, l, u} = Nx.LinAlg.lu(t)
       assert Enum.all?([p, l, u], &match?(%EXLA.Backend{}, &1.data))
       assert Nx.all_close(Nx.dot(p, Nx.dot(l, u)), t) |> Nx.to_number() == 1
+    end
+
+    test "tuple results of optional callbacks" do
+      t = Nx.tensor([1, 3, 2], backend: EXLA.Backend)
+      {values, indices} = Nx.top_k(t, k: 2)
+      assert %EXLA.Backend{} = values.data
+      assert Nx.to_flat_list(values) == [3, 2]
+      assert Nx.to_flat_list(indices) == [1, 2]
     end
 
     test "functions as arguments" do
