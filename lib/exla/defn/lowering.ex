@@ -61,7 +61,7 @@ defmodule EXLA.Defn.Lowering do
   """
   def to_mlir(output_expr, input_shapes, opts \\ []) do
     opts = Keyword.validate!(opts, precision: :default)
-    precision = opts[:precision]
+    precision = opts[:precision] || :default
 
     unless precision in [:default, :high, :highest] do
       raise ArgumentError, "unknown precision #{inspect(precision)}"

@@ -63,6 +63,8 @@ defmodule EXLA.Lowering.ElementWiseTest do
       # the reference is single-precision accurate (see the quirks list)
       assert_same(&Nx.erf_inv/1, [x], atol: 1.0e-5, rtol: 1.0e-5)
       assert_same(&Nx.erf_inv/1, [Nx.as_type(x, :f64)], atol: 1.0e-6, rtol: 1.0e-6)
+      assert_same(&Nx.erf_inv/1, [Nx.as_type(x, :f16)], atol: 1.0e-2, rtol: 1.0e-2)
+      assert_same(&Nx.erf_inv/1, [Nx.as_type(x, :bf16)], atol: 2.0e-2, rtol: 2.0e-2)
     end
 
     test "round is half away from zero" do
@@ -275,6 +277,7 @@ defmodule EXLA.Lowering.ElementWiseTest do
             cos: Nx.cos(a),
             pow: Nx.pow(a, b),
             from_real: Nx.add(a, 1.5),
+            complex_constant: Nx.multiply(a, Complex.new(0.5, -2)),
             is_nan: Nx.is_nan(a)
           }
         end

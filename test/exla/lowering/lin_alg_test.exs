@@ -71,7 +71,9 @@ defmodule EXLA.Lowering.LinAlgTest do
         pad: Nx.fft(x, length: 6),
         trunc: Nx.ifft(x, length: 3),
         c128: Nx.fft(Nx.as_type(x, :c128)),
-        fft2: Nx.fft2(x)
+        fft2: Nx.fft2(x),
+        axis0: Nx.fft(Nx.transpose(x), axis: 0),
+        ifft_axis0: Nx.ifft(Nx.transpose(x), axis: 0, length: 3)
       }
     end
 
