@@ -11,6 +11,7 @@ mod error;
 mod event;
 mod executable;
 pub mod ffi;
+pub mod host_callback;
 mod plugin;
 mod types;
 
