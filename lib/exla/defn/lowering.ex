@@ -9,8 +9,12 @@ defmodule EXLA.Defn.Lowering do
 
   Ops with an `:optional` expression (linear algebra, cumulative ops,
   `top_k`, ...) are lowered through the default implementation expression
-  Nx provides. Hooks attached to tokens are lowered by `lower_hook/3`, which
+  Nx provides. Hooks attached to tokens are lowered by `lower_hook/2`, which
   currently lowers the hooked value and discards it (no host callback yet).
+
+  Like Nx, `sort`/`argsort` are stable and order NaN as the largest value,
+  and `window_scatter_max`/`window_scatter_min` pick the last of equal
+  elements in a window.
 
   ## Differences from Nx.BinaryBackend
 
@@ -25,13 +29,12 @@ defmodule EXLA.Defn.Lowering do
       `floor`/`ceil`/`round` of NaN or infinity return it unchanged.
     * `as_type` from float to integer: NaN → 0, +inf → the type's maximum,
       -inf → its minimum; finite values out of range saturate (the
-      reference wraps). s16 limits are the true ones (32767 / -32768).
+      reference wraps). s16 limits are the true ones (32767 / -32768;
+      Nx 0.7.2 uses 32677 / -32678, also as `window_max` padding).
     * `tanh(±inf)` is ±1, `sign(NaN)` is NaN and `clip(NaN, ...)` is NaN.
     * `argmax`/`argmin`: a NaN always wins, so the index of the first (or
       last, with `tie_break: :high`) NaN is returned; the reference ignores
       NaN unless it comes first.
-    * `sort`/`argsort` put NaN after every number in ascending order and
-      before every number in descending order; ties keep input order.
     * Out-of-bounds indices are clamped in `take`, `gather` and dynamic
       `slice`/`put_slice`, and updates at out-of-bounds indices are dropped
       in `indexed_add`/`indexed_put`; the reference raises.
