@@ -94,6 +94,16 @@ defmodule EXLA.Lowering.EdgeCasesTest do
     assert_same(fn _x, y -> Nx.concatenate([y]) end, [Nx.tensor(1), Nx.tensor([2])])
   end
 
+  test "all_close and complex dot" do
+    a = Nx.tensor([[1.0, 2.0], [3.0, 4.0]])
+    c = Nx.multiply(a, Complex.new(1, -1))
+
+    assert_same(
+      fn a, c -> {Nx.all_close(a, Nx.add(a, 1.0e-9)), Nx.all_close(a, c), Nx.dot(c, c)} end,
+      [a, c]
+    )
+  end
+
   test "a deep chain lowers quickly" do
     fun = fn x -> Enum.reduce(1..300, x, fn i, acc -> Nx.add(Nx.multiply(acc, 0.5), i) end) end
     {time, _} = :timer.tc(fn -> mlir(fun, [Nx.tensor([1.0])]) end)
