@@ -239,6 +239,8 @@ defmodule EXLA.Defn do
   defp compile_expr(key, expr, vars, opts) do
     client = EXLA.Client.fetch!(opts[:client])
     %{mlir_module: mlir, output_shapes: _} = lowered = lower(expr, vars, opts)
+    callbacks = if lowered.hook_sites == %{}, do: nil, else: lowered.hook_sites
+    if callbacks, do: EXLA.NIF.unwrap!(EXLA.NIF.callback_install(client.ref))
     exe = EXLA.Executable.compile(client, mlir, device_id: opts[:device_id])
     output = Composite.traverse(expr, &%{&1 | data: %Nx.TemplateBackend{}})
 
@@ -251,13 +253,18 @@ defmodule EXLA.Defn do
       output: output,
       build: output_builder(output, lowered.output_shapes),
       key: key,
-      debug?: opts[:debug]
+      debug?: opts[:debug],
+      callbacks: callbacks
     }
   end
 
   defp lower(expr, vars, opts) do
     input_shapes = Enum.map(Composite.flatten_list(vars), &to_shape/1)
-    EXLA.Defn.Lowering.to_mlir(expr, input_shapes, precision: opts[:precision])
+
+    EXLA.Defn.Lowering.to_mlir(expr, input_shapes,
+      precision: opts[:precision],
+      hooks: opts[:hooks] || %{}
+    )
   end
 
   @doc false
@@ -337,11 +344,25 @@ defmodule EXLA.Defn do
   defp run_list(compiled, [args]), do: [run_one(compiled, args)]
   defp run_list(compiled, args_list), do: Enum.map(args_list, &run_one(compiled, &1))
 
-  defp run_one(%Compiled{exe: exe, build: build} = compiled, args) do
+  defp run_one(%Compiled{exe: exe, build: build, callbacks: nil} = compiled, args) do
     buffers = to_buffers(args, compiled.input_shapes, compiled)
     [outputs] = EXLA.Executable.run(exe, [buffers])
     build.(outputs)
   end
+
+  defp run_one(%Compiled{exe: exe, build: build, callbacks: sites} = compiled, args) do
+    buffers =
+      args
+      |> to_buffers(compiled.input_shapes, compiled)
+      |> Enum.map(&on_device(&1, compiled))
+
+    build.(EXLA.Defn.Hooks.run(exe, buffers, sites))
+  end
+
+  defp on_device({binary, shape}, compiled),
+    do: EXLA.DeviceBuffer.place_on_device(binary, shape, compiled.client, compiled.device_id)
+
+  defp on_device(buffer, _compiled), do: buffer
 
   defp to_buffers([arg | args], [shape | shapes], compiled),
     do: [to_buffer(arg, shape, compiled) | to_buffers(args, shapes, compiled)]

@@ -44,4 +44,12 @@ defmodule EXLA.NIF do
   def executable_run(_executable, _buffers, _donatable), do: nif_error()
   def executable_serialize(_executable), do: nif_error()
   def executable_deserialize(_client, _bytes, _inputs, _device), do: nif_error()
+
+  def callback_install(_client), do: nif_error()
+  def callback_session(_owner), do: nif_error()
+  def callback_push(_session, _binaries), do: nif_error()
+  def callback_done(_session), do: nif_error()
+  def callback_close(_session), do: nif_error()
+  def callback_session_count, do: nif_error()
+  def callback_run(_executable, _session, _buffers, _donatable), do: nif_error()
 end

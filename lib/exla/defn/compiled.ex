@@ -11,6 +11,8 @@ defmodule EXLA.Defn.Compiled do
   #   * `:output` - the output container with template tensors
   #   * `:build` - a function from the list of output buffers to the result
   #   * `:debug?` / `:key` - whether calls log timings, and the name they log
+  #   * `:callbacks` - `nil`, or the host-callback sites of a program with
+  #     hooks (site => payload, see `EXLA.Defn.Hooks`)
   defstruct [
     :exe,
     :client,
@@ -20,6 +22,7 @@ defmodule EXLA.Defn.Compiled do
     :output,
     :build,
     :key,
-    debug?: false
+    debug?: false,
+    callbacks: nil
   ]
 end

@@ -9,8 +9,9 @@ defmodule EXLA.Defn.Lowering do
 
   Ops with an `:optional` expression (linear algebra, cumulative ops,
   `top_k`, ...) are lowered through the default implementation expression
-  Nx provides. Hooks attached to tokens are lowered by `lower_hook/2`, which
-  currently lowers the hooked value and discards it (no host callback yet).
+  Nx provides. Hooks attached to tokens are lowered by `lower_hook/2`: with
+  the `:hooks` option, active hooks become host callbacks (see
+  `EXLA.Defn.Hooks`), threaded in program order through `while` and `cond`.
 
   Like Nx, `sort`/`argsort` are stable and order NaN as the largest value,
   and `window_scatter_max`/`window_scatter_min` pick the last of equal
@@ -61,9 +62,13 @@ defmodule EXLA.Defn.Lowering do
 
     * `:precision` - `:default`, `:high` or `:highest`; used by every
       `dot_general` and `convolution`
+
+    * `:hooks` - a map of hook functions by name. When given and the
+      expression has active hooks, the module takes a `ui64` chain as its
+      last parameter and the result has `:hook_sites` (site => payload)
   """
   def to_mlir(output_expr, input_shapes, opts \\ []) do
-    opts = Keyword.validate!(opts, precision: :default)
+    opts = Keyword.validate!(opts, [:hooks, precision: :default])
     precision = opts[:precision] || :default
 
     unless precision in [:default, :high, :highest] do
@@ -72,15 +77,29 @@ defmodule EXLA.Defn.Lowering do
 
     outputs = Composite.flatten_list([output_expr]) |> Enum.map(&Expr.tensor/1)
     arg_types = Enum.map(input_shapes, fn shape -> {shape.dtype, shape.dims} end)
+    # With active hooks, the program takes the host-callback chain last.
+    hooks = opts[:hooks]
+    chain? = hooks != nil and EXLA.Defn.Hooks.active?(output_expr, hooks)
+    arg_types = if chain?, do: arg_types ++ [EXLA.Defn.Hooks.chain_type()], else: arg_types
 
-    assigns = %{cache: %{}, params: {}, used: %{}, top: true, precision: precision}
+    assigns = %{
+      cache: %{},
+      params: {},
+      used: %{},
+      top: true,
+      precision: precision,
+      hooks: hooks || %{},
+      chain: nil,
+      hook_sites: []
+    }
 
     {text, b} =
       Builder.module(
         "main",
         arg_types,
         fn b, args ->
-          b = assign(b, params: List.to_tuple(args))
+          {args, chain} = if chain?, do: Enum.split(args, -1), else: {args, [nil]}
+          b = assign(b, params: List.to_tuple(args), chain: hd(chain))
 
           Enum.map_reduce(outputs, b, fn t, b ->
             {v, b} = lower_value(t, b)
@@ -95,7 +114,8 @@ defmodule EXLA.Defn.Lowering do
     %{
       mlir_module: text,
       output_shapes: output_shapes,
-      used_inputs: b.assigns.used |> Map.keys() |> Enum.sort()
+      used_inputs: b.assigns.used |> Map.keys() |> Enum.sort(),
+      hook_sites: Map.new(b.assigns.hook_sites)
     }
   end
 
@@ -117,7 +137,7 @@ defmodule EXLA.Defn.Lowering do
   defp nested_scope(b, fun) do
     saved = b.assigns
     {res, b} = fun.(b)
-    {res, %{b | assigns: %{saved | used: b.assigns.used}}}
+    {res, %{b | assigns: %{saved | used: b.assigns.used, hook_sites: b.assigns.hook_sites}}}
   end
 
   # Runs `fun` in an isolated scope with its own parameters.
@@ -125,7 +145,7 @@ defmodule EXLA.Defn.Lowering do
     saved = b.assigns
     b = assign(b, cache: %{}, params: List.to_tuple(params), top: false)
     {res, b} = fun.(b)
-    {res, %{b | assigns: %{saved | used: b.assigns.used}}}
+    {res, %{b | assigns: %{saved | used: b.assigns.used, hook_sites: b.assigns.hook_sites}}}
   end
 
   # Emits a region; `fun.(b, args)` returns `{results, b}`.
@@ -290,7 +310,7 @@ defmodule EXLA.Defn.Lowering do
   end
 
   defp lower_op(:token, %T{data: %Expr{args: [token]}}, b) do
-    b = Enum.reduce(token.hooks, b, &lower_hook(&1, &2))
+    b = token.hooks |> Enum.reverse() |> Enum.reduce(b, &lower_hook(&1, &2))
     {{:tuple, []}, b}
   end
 
@@ -321,6 +341,9 @@ defmodule EXLA.Defn.Lowering do
 
   defp lower_op(:while, %T{data: %Expr{args: [initial, _arg, condition, block]}}, b) do
     {inits, b} = lower_container(initial, b)
+    # The hook chain, if any, is carried as the last loop value.
+    chain = b.assigns.chain
+    inits = if chain, do: inits ++ [chain], else: inits
     types = Enum.map(inits, & &1.type)
 
     {cond_region, b} =
@@ -331,14 +354,19 @@ defmodule EXLA.Defn.Lowering do
       end)
 
     {body_region, b} =
-      region(b, types, :isolated, fn b, _args ->
+      region(b, types, :isolated, fn b, args ->
+        b = if chain, do: assign(b, chain: List.last(args)), else: b
         {values, b} = lower_container(block, b)
 
-        Enum.zip(values, types)
-        |> Enum.map_reduce(b, fn {v, {elem, _}}, b -> Ops.convert(b, v, elem) end)
+        {values, b} =
+          Enum.zip(values, types)
+          |> Enum.map_reduce(b, fn {v, {elem, _}}, b -> Ops.convert(b, v, elem) end)
+
+        {with_chain(values, b), b}
       end)
 
     {results, b} = Ops.while(b, inits, cond_region, body_region)
+    {results, b} = take_chain(results, chain, b)
 
     case initial do
       %T{} -> {hd(results), b}
@@ -353,12 +381,16 @@ defmodule EXLA.Defn.Lowering do
         _ -> [type_of(t)]
       end
 
+    chain = b.assigns.chain
+
     {results, b} =
-      if types == [] do
+      if types == [] and chain == nil do
         {[], b}
       else
         lower_cond(clauses, last, types, b)
       end
+
+    {results, b} = take_chain(results, chain, b)
 
     case t.type do
       {:tuple, _} -> {{:tuple, results}, b}
@@ -385,11 +417,26 @@ defmodule EXLA.Defn.Lowering do
   end
 
   @doc false
-  # Hooks: today the hooked value is lowered and dropped (XLA eliminates it).
-  # Delivering it to the host (a custom call) plugs in here.
-  def lower_hook(%{expr: expr, name: _name, callback: _callback}, b) do
-    {_values, b} = lower_container(expr, b)
-    b
+  # Hooks: host callbacks when the program has a chain, otherwise the
+  # hooked value is lowered and dropped (XLA eliminates it).
+  def lower_hook(hook, b) do
+    if b.assigns.chain do
+      EXLA.Defn.Hooks.lower_hook(hook, b, &lower_container/2)
+    else
+      {_values, b} = lower_container(hook.expr, b)
+      b
+    end
+  end
+
+  # The hook chain is carried as the last result of while and cond.
+  defp with_chain(values, %{assigns: %{chain: nil}}), do: values
+  defp with_chain(values, %{assigns: %{chain: chain}}), do: values ++ [chain]
+
+  defp take_chain(results, nil, b), do: {results, b}
+
+  defp take_chain(results, _chain, b) do
+    {results, [chain]} = Enum.split(results, -1)
+    {results, assign(b, chain: chain)}
   end
 
   defp lower_cond([], last, types, b), do: lower_branch(last, types, b)
@@ -399,16 +446,20 @@ defmodule EXLA.Defn.Lowering do
     {p, b} = to_pred(b, p)
     {then_region, b} = region(b, [], :nested, fn b, [] -> lower_branch(body, types, b) end)
     {else_region, b} = region(b, [], :nested, fn b, [] -> lower_cond(rest, last, types, b) end)
-    Ops.if_(b, p, types, then_region, else_region)
+    chain_types = if b.assigns.chain, do: [EXLA.Defn.Hooks.chain_type()], else: []
+    Ops.if_(b, p, types ++ chain_types, then_region, else_region)
   end
 
   defp lower_branch(body, types, b) do
     {values, b} = lower_container(body, b)
 
-    Enum.zip(values, types)
-    |> Enum.map_reduce(b, fn {v, {elem, dims}}, b ->
-      {v, b} = Ops.convert(b, v, elem)
-      broadcast(b, v, dims)
-    end)
+    {values, b} =
+      Enum.zip(values, types)
+      |> Enum.map_reduce(b, fn {v, {elem, dims}}, b ->
+        {v, b} = Ops.convert(b, v, elem)
+        broadcast(b, v, dims)
+      end)
+
+    {with_chain(values, b), b}
   end
 end

@@ -7,6 +7,7 @@
 //! normal and dirty variant of a transfer by its size.
 
 mod buffer;
+mod callback;
 mod client;
 mod error;
 mod executable;

@@ -1,0 +1,185 @@
+defmodule EXLA.Defn.Hooks do
+  @moduledoc """
+  Defn hooks (`hook/2,3`, `print_value/2`) on the native host-callback
+  bridge (internal).
+
+  ## Lowering
+
+  A program with hooks takes one extra, last parameter: a `ui64` scalar, the
+  *chain*, holding the id of the host-callback session of the run. Each
+  active hook becomes a `stablehlo.custom_call @exla_host_callback` whose
+  operands are the chain, a `ui32` constant naming the hook's *site* and the
+  hooked tensors, and whose one result is the chain again. Every call takes
+  the chain returned by the previous one, and `while` and `cond` carry it
+  through their results, so hooks run in program order, also inside loops
+  and branches. A hook is active when the `:hooks` option or the hook itself
+  gives it a function; inactive hooks lower nothing.
+
+  ## Running
+
+  A program with hooks runs on a native thread (the custom call hands the
+  hooked values to the BEAM from the plugin's thread and never waits for
+  it). The calling process receives the values in program order and calls
+  the hook functions itself, then receives the outputs. If a hook raises,
+  the run is still waited for (it cannot block on the hook), its session is
+  closed, and the exception is re-raised: nothing is left running and no
+  message is left behind.
+  """
+
+  alias EXLA.MLIR.{Builder, Ops}
+  alias Nx.Defn.Composite
+
+  @chain_type {{:u, 64}, {}}
+  @target "exla_host_callback"
+
+  @doc "The MLIR type of the chain."
+  def chain_type, do: @chain_type
+
+  @doc "Whether `expr` has a hook that `hooks` or its own callback activates."
+  def active?(expr, hooks), do: Nx.Defn.Tree.has_hooks?(expr, hooks)
+
+  @doc """
+  Emits a host-callback custom call with `values` at a new site, recording
+  `{site, payload}` in the builder's `:hook_sites`. Returns `{results, b}`
+  where results are the custom call's results after the chain.
+  """
+  def emit(b, payload, values, result_types \\ []) do
+    %{chain: chain, hook_sites: sites} = b.assigns
+    site = length(sites)
+    {site_value, b} = Ops.constant(b, {:u, 32}, {}, site)
+
+    attrs = [
+      call_target_name: ~s("#{@target}"),
+      api_version: "4 : i32",
+      has_side_effect: "true",
+      backend_config: "{}"
+    ]
+
+    {[chain | results], b} =
+      Builder.op(
+        b,
+        "stablehlo.custom_call",
+        [chain, site_value | values],
+        [
+          @chain_type | result_types
+        ],
+        attrs: attrs
+      )
+
+    assigns = %{b.assigns | chain: chain, hook_sites: [{site, payload} | sites]}
+    {results, %{b | assigns: assigns}}
+  end
+
+  @doc """
+  Lowers one hook of a token (`lower_fun` lowers a container to its list of
+  values).
+  """
+  def lower_hook(%{expr: expr, name: name, callback: callback}, b, lower_fun) do
+    hooks = b.assigns.hooks
+    fun = hooks[name] || callback
+
+    cond do
+      is_nil(b.assigns.chain) ->
+        b
+
+      fun ->
+        {values, b} = lower_fun.(expr, b)
+        tensors = Composite.flatten_list([expr])
+
+        {values, b} =
+          Enum.zip(values, tensors)
+          |> Enum.map_reduce(b, fn {v, t}, b -> Ops.convert(b, v, t.type) end)
+
+        template = Composite.traverse(expr, &Nx.to_template/1)
+        {[], b} = emit(b, {:hook, name, fun, template}, values)
+        b
+
+      active?(expr, hooks) ->
+        {_values, b} = lower_fun.(expr, b)
+        b
+
+      true ->
+        b
+    end
+  end
+
+  ## Running
+
+  @doc """
+  Runs `exe` on `buffers` (device buffers) with a new session whose sites
+  are `sites` (a map from site to payload). Returns the output buffers.
+  """
+  def run(exe, buffers, sites, donate \\ []) do
+    %{client: client, device_id: device_id} = exe
+    {session, id} = EXLA.NIF.callback_session(self())
+    chain = EXLA.DeviceBuffer.place_on_device(<<id::64-native>>, chain_shape(), client, device_id)
+    refs = Enum.map(buffers ++ [chain], & &1.ref)
+    EXLA.NIF.unwrap!(EXLA.NIF.callback_run(exe.ref, session, refs, donate))
+
+    result =
+      try do
+        loop(id, sites)
+      catch
+        kind, reason ->
+          EXLA.NIF.callback_close(session)
+          drain(id)
+          :erlang.raise(kind, reason, __STACKTRACE__)
+      end
+
+    EXLA.NIF.callback_close(session)
+
+    case result do
+      {:ok, outputs} ->
+        Enum.zip_with(outputs, exe.output_shapes, fn ref, shape ->
+          EXLA.DeviceBuffer.from_ref(ref, client, device_id, shape)
+        end)
+
+      {:error, message} ->
+        raise RuntimeError, message
+    end
+  end
+
+  @doc "The shape of the chain parameter."
+  def chain_shape, do: EXLA.Shape.make_shape({:u, 64}, {})
+
+  defp loop(id, sites) do
+    receive do
+      {:exla_callback, ^id, site, binaries} ->
+        call_site(Map.fetch!(sites, site), binaries)
+        loop(id, sites)
+
+      {:exla_run, ^id, {:ok, outputs}} ->
+        {:ok, outputs}
+
+      {:exla_run, ^id, {:error, {_kind, message}}} ->
+        {:error, message}
+    end
+  end
+
+  # Waits for the run to end after a hook raised, dropping its messages.
+  defp drain(id) do
+    receive do
+      {:exla_callback, ^id, _site, _binaries} -> drain(id)
+      {:exla_run, ^id, _result} -> :ok
+    end
+  end
+
+  defp call_site({:hook, _name, fun, template}, binaries) do
+    fun.(to_container(template, binaries))
+  end
+
+  @doc "Rebuilds a container of tensors from `template` and one binary per tensor."
+  def to_container(template, binaries) do
+    {container, []} =
+      Composite.traverse(template, binaries, fn t, [binary | rest] ->
+        tensor =
+          binary
+          |> Nx.from_binary(t.type, backend: Nx.BinaryBackend)
+          |> Nx.reshape(t.shape, names: t.names)
+
+        {tensor, rest}
+      end)
+
+    container
+  end
+end

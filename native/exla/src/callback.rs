@@ -1,0 +1,283 @@
+//! Host callbacks for the BEAM: sessions that connect the custom calls of a
+//! running program (`pjrt::host_callback`) with Elixir processes.
+//!
+//! A session belongs to one *owner* process. A call site without results
+//! (hooks, stream outputs) sends `{:exla_callback, id, site, [binary]}` to
+//! the owner and returns at once. A call site with results (stream input)
+//! waits for a chunk pushed with `callback_push/2` (from any process) or a
+//! done marker (`callback_done/1`); it writes `1` (or `0` when done) in its
+//! first result and the chunk's binaries in the others.
+//!
+//! Programs with callbacks never run on a scheduler thread: `callback_run`
+//! runs them on a thread of their own, waits for the outputs and sends
+//! `{:exla_run, id, {:ok, buffers} | {:error, {kind, message}}}` to the
+//! owner. A waiting call site checks every 50 ms whether the session was
+//! closed (the owner died, or `callback_close/1`), so nothing waits forever.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
+use rustler::{Atom, Binary, Encoder, Env, LocalPid, Monitor, OwnedBinary, OwnedEnv, ResourceArc};
+
+use crate::buffer::BufferResource;
+use crate::client::ClientResource;
+use crate::error::{Error, NifResult};
+use crate::executable::ExecutableResource;
+
+mod atoms {
+    rustler::atoms! { ok, error, exla_callback, exla_run }
+}
+
+enum Chunk {
+    Data(Vec<Vec<u8>>),
+    Done,
+}
+
+struct BeamCallback {
+    owner: LocalPid,
+    id: Mutex<u64>,
+    input: Receiver<Chunk>,
+    closed: AtomicBool,
+}
+
+const POLL: Duration = Duration::from_millis(50);
+
+impl BeamCallback {
+    fn send_to_owner<F>(&self, build: F) -> Result<(), String>
+    where
+        F: for<'a> FnOnce(Env<'a>, u64) -> rustler::Term<'a>,
+    {
+        let id = *self.id.lock().unwrap_or_else(|e| e.into_inner());
+        let mut env = OwnedEnv::new();
+        env.send_and_clear(&self.owner, |env| build(env, id))
+            .map_err(|_| "the process receiving host callbacks is gone".to_string())
+    }
+
+    fn receive(&self, rets: &mut [pjrt::host_callback::RetView<'_>]) -> Result<(), String> {
+        let chunk = loop {
+            if self.closed.load(Ordering::Acquire) {
+                return Err("the stream was closed".into());
+            }
+            match self.input.recv_timeout(POLL) {
+                Ok(chunk) => break chunk,
+                Err(RecvTimeoutError::Timeout) => continue,
+                Err(RecvTimeoutError::Disconnected) => return Err("the stream was closed".into()),
+            }
+        };
+        let (flag, data) = rets
+            .split_first_mut()
+            .ok_or("a receiving call site needs a flag result")?;
+        match chunk {
+            Chunk::Done => {
+                flag.bytes.fill(0);
+                for ret in data {
+                    ret.bytes.fill(0);
+                }
+            }
+            Chunk::Data(parts) => {
+                if parts.len() != data.len() {
+                    return Err(format!(
+                        "a stream chunk has {} tensors, the program expects {}",
+                        parts.len(),
+                        data.len()
+                    ));
+                }
+                for (part, ret) in parts.iter().zip(data.iter_mut()) {
+                    if part.len() != ret.bytes.len() {
+                        return Err(format!(
+                            "a stream chunk tensor has {} bytes, the program expects {}",
+                            part.len(),
+                            ret.bytes.len()
+                        ));
+                    }
+                    ret.bytes.copy_from_slice(part);
+                }
+                flag.bytes.fill(0);
+                if let Some(first) = flag.bytes.first_mut() {
+                    *first = 1;
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+impl pjrt::host_callback::HostCallback for BeamCallback {
+    fn call(
+        &self,
+        site: u32,
+        args: &[pjrt::host_callback::ArgView<'_>],
+        rets: &mut [pjrt::host_callback::RetView<'_>],
+    ) -> Result<(), String> {
+        if !rets.is_empty() {
+            return self.receive(rets);
+        }
+        if self.closed.load(Ordering::Acquire) {
+            return Err("the host callback session was closed".into());
+        }
+        self.send_to_owner(|env, id| {
+            let binaries: Vec<rustler::Term> = args
+                .iter()
+                .map(|arg| {
+                    let mut bin = OwnedBinary::new(arg.bytes.len()).expect("binary allocation");
+                    bin.as_mut_slice().copy_from_slice(arg.bytes);
+                    bin.release(env).encode(env)
+                })
+                .collect();
+            (atoms::exla_callback(), id, site, binaries).encode(env)
+        })
+    }
+}
+
+/// A session as the BEAM sees it. Dropping it (or its owner dying) closes
+/// the session and unregisters it, so a running program fails at its next
+/// callback instead of waiting.
+pub struct SessionResource {
+    callback: Arc<BeamCallback>,
+    input: Mutex<Option<Sender<Chunk>>>,
+    session: Mutex<Option<pjrt::host_callback::Session>>,
+}
+
+impl SessionResource {
+    fn close(&self) {
+        self.callback.closed.store(true, Ordering::Release);
+        self.input.lock().unwrap_or_else(|e| e.into_inner()).take();
+        self.session
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
+    }
+
+    fn push(&self, chunk: Chunk) -> NifResult<Atom> {
+        let input = self.input.lock().unwrap_or_else(|e| e.into_inner());
+        match input.as_ref().map(|tx| tx.send(chunk)) {
+            Some(Ok(())) => Ok(atoms::ok()),
+            _ => Err(Error::argument("the stream is closed")),
+        }
+    }
+}
+
+#[rustler::resource_impl]
+impl rustler::Resource for SessionResource {
+    const IMPLEMENTS_DOWN: bool = true;
+
+    fn down<'a>(&'a self, _env: Env<'a>, _pid: LocalPid, _monitor: Monitor) {
+        self.close();
+    }
+}
+
+impl Drop for SessionResource {
+    fn drop(&mut self) {
+        self.close();
+    }
+}
+
+/// Registers the callback handler with the client's plugin; must run
+/// before compiling a program that uses it.
+#[rustler::nif]
+fn callback_install(client: ResourceArc<ClientResource>) -> NifResult<Atom> {
+    pjrt::host_callback::install(client.0.plugin())?;
+    Ok(atoms::ok())
+}
+
+/// Opens a session owned by `owner`; returns `{session, id}`.
+#[rustler::nif]
+fn callback_session(env: Env, owner: LocalPid) -> (ResourceArc<SessionResource>, u64) {
+    let (tx, rx) = crossbeam_channel::unbounded();
+    let callback = Arc::new(BeamCallback {
+        owner,
+        id: Mutex::new(0),
+        input: rx,
+        closed: AtomicBool::new(false),
+    });
+    let session = pjrt::host_callback::register_session(callback.clone());
+    let id = session.id();
+    *callback.id.lock().unwrap_or_else(|e| e.into_inner()) = id;
+    let resource = ResourceArc::new(SessionResource {
+        callback,
+        input: Mutex::new(Some(tx)),
+        session: Mutex::new(Some(session)),
+    });
+    let _ = resource.monitor(Some(env), &owner);
+    (resource, id)
+}
+
+/// Queues one input chunk (one binary per tensor) for the session.
+#[rustler::nif]
+fn callback_push(session: ResourceArc<SessionResource>, chunk: Vec<Binary>) -> NifResult<Atom> {
+    session.push(Chunk::Data(
+        chunk.iter().map(|b| b.as_slice().to_vec()).collect(),
+    ))
+}
+
+/// Queues the done marker: the next receiving call site reports no data.
+#[rustler::nif]
+fn callback_done(session: ResourceArc<SessionResource>) -> NifResult<Atom> {
+    session.push(Chunk::Done)
+}
+
+#[rustler::nif]
+fn callback_close(session: ResourceArc<SessionResource>) -> Atom {
+    session.close();
+    atoms::ok()
+}
+
+/// Number of open sessions in the process (for leak checks).
+#[rustler::nif]
+fn callback_session_count() -> usize {
+    pjrt::host_callback::session_count()
+}
+
+/// Runs `executable` on a thread of its own; the result comes back as a
+/// message to the session's owner.
+#[rustler::nif]
+fn callback_run(
+    executable: ResourceArc<ExecutableResource>,
+    session: ResourceArc<SessionResource>,
+    arguments: Vec<ResourceArc<BufferResource>>,
+    donatable: Vec<usize>,
+) -> NifResult<Atom> {
+    let callback = session.callback.clone();
+    std::thread::Builder::new()
+        .name("exla-callback-run".into())
+        .spawn(move || {
+            let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                execute_and_wait(&executable, &arguments, &donatable)
+            }))
+            .unwrap_or_else(|_| {
+                Err(Error(pjrt::Error::Pjrt {
+                    code: 13,
+                    message: "the execution panicked".into(),
+                }))
+            });
+            // The session stays alive until the result is delivered.
+            let _keep = &session;
+            let _ = callback.send_to_owner(|env, id| {
+                let payload = match result {
+                    Ok(buffers) => (atoms::ok(), buffers).encode(env),
+                    Err(error) => (atoms::error(), error).encode(env),
+                };
+                (atoms::exla_run(), id, payload).encode(env)
+            });
+        })
+        .map_err(|e| Error::argument(format!("could not start an execution thread: {e}")))?;
+    Ok(atoms::ok())
+}
+
+fn execute_and_wait(
+    executable: &ExecutableResource,
+    arguments: &[ResourceArc<BufferResource>],
+    donatable: &[usize],
+) -> NifResult<Vec<ResourceArc<BufferResource>>> {
+    let buffers: Vec<&pjrt::Buffer> = arguments.iter().map(|b| &b.0).collect();
+    let outputs = executable.0.execute(&buffers, donatable)?;
+    for output in &outputs {
+        output.wait()?;
+    }
+    Ok(outputs
+        .into_iter()
+        .map(|b| ResourceArc::new(BufferResource(b)))
+        .collect())
+}

@@ -1,0 +1,122 @@
+defmodule EXLA.HooksTest do
+  use ExUnit.Case, async: false
+
+  import Nx.Defn
+
+  defp collect(tag), do: fn value -> send(self(), {tag, value}) end
+
+  defp received do
+    receive do
+      msg -> [msg | received()]
+    after
+      0 -> []
+    end
+  end
+
+  defn hooked(a, b) do
+    c = hook(a + b, :sum)
+    d = hook(c * 2, :double)
+    {c, d}
+  end
+
+  test "hooks get the values computed at their point, in program order" do
+    fun = EXLA.jit(&hooked/2, hooks: %{sum: collect(:sum), double: collect(:double)})
+    {c, d} = fun.(Nx.tensor([1, 2]), Nx.tensor([10, 20]))
+    assert Nx.to_flat_list(c) == [11, 22]
+    assert Nx.to_flat_list(d) == [22, 44]
+    assert [{:sum, sum}, {:double, double}] = received()
+    assert Nx.to_flat_list(sum) == [11, 22]
+    assert Nx.to_flat_list(double) == [22, 44]
+  end
+
+  test "the :hooks option picks and overrides hooks by name" do
+    fun = EXLA.jit(&hooked/2, hooks: %{double: collect(:only)})
+    fun.(Nx.tensor(1.0), Nx.tensor(2.0))
+    assert [{:only, value}] = received()
+    assert Nx.to_number(value) == 6.0
+  end
+
+  test "without active hooks the plain path is used" do
+    {c, _} = EXLA.jit(&hooked/2).(Nx.tensor(1), Nx.tensor(2))
+    assert Nx.to_number(c) == 3
+    assert received() == []
+  end
+
+  defn counting(n) do
+    {i, _} =
+      while {i = 0, n}, i < n do
+        i = hook(i + 1, :step)
+        {i, n}
+      end
+
+    hook(i * 10, :after)
+  end
+
+  test "hooks inside while run once per iteration, before later hooks" do
+    fun = EXLA.jit(&counting/1, hooks: %{step: collect(:step), after: collect(:after)})
+    assert Nx.to_number(fun.(Nx.tensor(3))) == 30
+    msgs = received() |> Enum.map(fn {tag, t} -> {tag, Nx.to_number(t)} end)
+    assert msgs == [step: 1, step: 2, step: 3, after: 30]
+  end
+
+  defn branching(x) do
+    y =
+      if x > 0 do
+        hook(x + 1, :pos)
+      else
+        hook(x - 1, :neg)
+      end
+
+    hook(y * 2, :last)
+  end
+
+  test "hooks inside cond run only in the taken branch" do
+    hooks = %{pos: collect(:pos), neg: collect(:neg), last: collect(:last)}
+    fun = EXLA.jit(&branching/1, hooks: hooks)
+    assert Nx.to_number(fun.(Nx.tensor(5))) == 12
+    assert [pos: a, last: b] = received()
+    assert {Nx.to_number(a), Nx.to_number(b)} == {6, 12}
+    assert Nx.to_number(fun.(Nx.tensor(-5))) == -12
+    assert [neg: _, last: _] = received()
+  end
+
+  defn with_container(a) do
+    hook({a, %{b: a * 2}}, fn {x, %{b: y}} -> send(self(), {:pair, x, y}) end)
+  end
+
+  test "hooks receive containers; hooks given as functions run by default" do
+    EXLA.jit(&with_container/1).(Nx.tensor([1.0, 2.0]))
+    assert [{:pair, x, y}] = received()
+    assert Nx.to_flat_list(x) == [1.0, 2.0]
+    assert Nx.to_flat_list(y) == [2.0, 4.0]
+  end
+
+  defn printing(a), do: print_value(a + 1)
+
+  test "print_value prints the value" do
+    out = ExUnit.CaptureIO.capture_io(fn -> EXLA.jit(&printing/1).(Nx.tensor(41)) end)
+    assert out =~ "42"
+  end
+
+  test "a hook that raises is re-raised and leaves the device usable" do
+    raising = fn _ -> raise "hook failed" end
+    fun = EXLA.jit(&counting/1, hooks: %{step: raising})
+    assert_raise RuntimeError, "hook failed", fn -> fun.(Nx.tensor(100)) end
+    assert received() == []
+    fun = EXLA.jit(&counting/1, hooks: %{after: collect(:after)})
+    assert Nx.to_number(fun.(Nx.tensor(2))) == 20
+    assert [after: _] = received()
+    Process.sleep(50)
+    assert EXLA.NIF.callback_session_count() == 0
+  end
+
+  test "many hooked calls leave no sessions or messages behind" do
+    fun = EXLA.jit(&hooked/2, hooks: %{sum: fn _ -> :ok end})
+    a = Nx.tensor([1, 2])
+
+    for _ <- 1..2000, do: fun.(a, a)
+
+    assert received() == []
+    assert EXLA.NIF.callback_session_count() == 0
+  end
+end
