@@ -101,15 +101,12 @@ defmodule EXLA.Defn do
   end
 
   @doc """
-  Compiles and starts a stream for `EXLA.stream/3` (streaming work).
-
-  Receives the arguments of `c:Nx.Defn.Compiler.__stream__/7`. A stream
-  executable must be cached under `stream_cache_key/3` so that
-  `EXLA.stream_cached?/3` can see it.
+  Compiles and starts a stream for `EXLA.stream/3` (see `EXLA.Defn.Stream`).
+  The stream program is cached under `stream_cache_key/3`.
   """
-  def stream_executable(_key, _input, _acc, _vars, _fun, _args_list, _opts) do
-    raise RuntimeError,
-          "EXLA.stream/3 is not available yet: streaming is not implemented in this build"
+  def stream_executable(key, input, acc, vars, fun, args_list, opts) do
+    cache_key = stream_cache_key(key, vars, opts)
+    [EXLA.Defn.Stream.start(cache_key, input, acc, vars, fun, args_list, opts)]
   end
 
   @doc """
