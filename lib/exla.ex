@@ -154,6 +154,23 @@ defmodule EXLA do
   Starts streaming `function` with EXLA.
 
   It is a shortcut for `Nx.Defn.stream/3` with `compiler: EXLA`.
+  `function` receives a chunk of input and the accumulator and returns
+  `{output, accumulator}`. The accumulator stays on the device between
+  chunks; every `Nx.Stream.send/2` (from any process) is answered by one
+  output for `Nx.Stream.recv/1`, and `Nx.Stream.done/1` returns the final
+  accumulator. `recv` and `done` may only be called by the process that
+  started the stream. See `EXLA.Defn.Stream` for the details.
+
+      defn sum(tensor, acc), do: {acc, tensor + acc}
+
+      stream = EXLA.stream(&sum/2, [0, 0])
+      for i <- 1..5, do: Nx.Stream.send(stream, i)
+      for _ <- 1..5, do: Nx.to_number(Nx.Stream.recv(stream))
+      #=> [0, 1, 3, 6, 10]
+      Nx.to_number(Nx.Stream.done(stream))
+      #=> 15
+
+  Each output is the accumulator *before* its chunk was added.
   """
   def stream(function, args, options \\ [])
       when is_function(function) and is_list(args) and is_list(options) do
