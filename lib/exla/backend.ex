@@ -22,6 +22,13 @@ defmodule EXLA.Backend do
   the same shape reuses its executable. Optional operations (such as
   `Nx.LinAlg.qr/2` or `Nx.cumulative_sum/2`) are compiled as a whole.
 
+  A repeated operation builds its cache key (the operation, the output's
+  type and shape, the static arguments, each tensor argument's type and
+  shape, the client and the device), looks it up in `:persistent_term`,
+  runs the executable on the arguments' device buffers and puts the output
+  buffers into the output tensors Nx gave: no expression is built and
+  nothing is lowered or compiled.
+
   When the arguments of an operation live on different clients or devices,
   it runs where its first argument on this backend lives, and the other
   arguments are copied there. Tensors of other backends are sent to that
