@@ -242,6 +242,21 @@ defmodule EXLA.BackendTest do
       :telemetry.detach(ref)
     end
 
+    test "50 concurrent callers of a new operation compile it once" do
+      ref = :telemetry_test.attach_event_handlers(self(), [[:exla, :compilation]])
+      t = Nx.iota({3, 1, 7}, type: {:f, 32}, backend: EXLA.Backend)
+
+      results =
+        1..50
+        |> Enum.map(fn _ -> Task.async(fn -> t |> Nx.multiply(t) |> Nx.to_flat_list() end) end)
+        |> Task.await_many(60_000)
+
+      assert results |> Enum.uniq() |> length() == 1
+      assert_received {[:exla, :compilation], ^ref, _, %{key: :multiply}}
+      refute_received {[:exla, :compilation], ^ref, _, %{key: :multiply}}
+      :telemetry.detach(ref)
+    end
+
     test "results stay on the device of the inputs" do
       d = last_device()
       a = Nx.tensor([1, 2], backend: {EXLA.Backend, device_id: d})
