@@ -123,7 +123,7 @@ defmodule EXLA.StreamTest do
   end
 
   @tag :slow
-  test "100,000 chunks keep memory flat" do
+  test "100,000 chunks keep the BEAM memory flat" do
     stream = EXLA.stream(&sum/2, [0, 0])
     round = fn -> Nx.Stream.send(stream, 1) && Nx.Stream.recv(stream) end
     for _ <- 1..5_000, do: round.()
