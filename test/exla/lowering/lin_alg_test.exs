@@ -97,6 +97,19 @@ defmodule EXLA.Lowering.LinAlgTest do
     assert_same(fun, [a, b], atol: 1.0e-5)
   end
 
+  test "triangular_solve with batches of vectors and matrices" do
+    a = Nx.tensor([[[1.0, 0.0], [2.0, 3.0]], [[4.0, 0.0], [5.0, 6.0]]])
+
+    fun = fn a, v, m ->
+      {Nx.LinAlg.triangular_solve(a, v), Nx.LinAlg.triangular_solve(a, m),
+       Nx.LinAlg.triangular_solve(a, v, left_side: false, transform_a: :transpose)}
+    end
+
+    assert_same(fun, [a, Nx.tensor([[2.0, -1.0], [3.0, 7.0]]), Nx.iota({2, 2, 3}, type: :f32)],
+      atol: 1.0e-5
+    )
+  end
+
   test "optional linear algebra through the default implementations" do
     a = Nx.tensor([[4.0, 1.0, 0.5], [1.0, 3.0, 0.2], [0.5, 0.2, 2.0]])
     b = Nx.tensor([1.0, -2.0, 0.5])

@@ -74,16 +74,18 @@ defmodule EXLA.Defn.Lowering.LinAlg do
   def lower(:triangular_solve, %T{data: %Expr{args: [a, x, opts]}} = t, b) do
     {a, b} = lower_as(a, t.type, b)
     {x, b} = lower_as(x, t.type, b)
+    {_, a_dims} = a.type
     {_, x_dims} = x.type
     left? = Keyword.get(opts, :left_side, true)
-    vector? = tuple_size(x_dims) == 1
-    n = elem(x_dims, 0)
+    # b may be a (batch of) vector(s): one rank less than a
+    vector? = tuple_size(x_dims) == tuple_size(a_dims) - 1
+    rank = tuple_size(x_dims)
 
     {x, b} =
       cond do
         not vector? -> {x, b}
-        left? -> Ops.reshape(b, x, {n, 1})
-        true -> Ops.reshape(b, x, {1, n})
+        left? -> Ops.reshape(b, x, Tuple.insert_at(x_dims, rank, 1))
+        true -> Ops.reshape(b, x, Tuple.insert_at(x_dims, rank - 1, 1))
       end
 
     transpose =
