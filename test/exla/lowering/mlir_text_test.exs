@@ -84,9 +84,11 @@ defmodule EXLA.Lowering.MLIRTextTest do
     assert text =~ "stablehlo.exponential"
   end
 
-  test "lu raises a clear error" do
-    assert_raise ArgumentError, ~r/lu/, fn ->
-      lower(fn a -> Nx.LinAlg.lu(a) end, [Nx.eye(3)])
+  test "unknown ops raise a clear error" do
+    expr = %{Nx.iota({2}) | data: %Nx.Defn.Expr{id: make_ref(), op: :frobnicate, args: [], context: nil}}
+
+    assert_raise ArgumentError, ~r/frobnicate/, fn ->
+      EXLA.Defn.Lowering.to_mlir(expr, [], [])
     end
   end
 
