@@ -199,20 +199,13 @@ defmodule EXLA.Executable do
 
     case :persistent_term.get(key, nil) do
       nil ->
-        hash = hash_file(path)
+        hash = EXLA.Plugin.sha256_file(path)
         :persistent_term.put(key, hash)
         hash
 
       hash ->
         hash
     end
-  end
-
-  defp hash_file(path) do
-    path
-    |> File.stream!([], 4 * 1024 * 1024)
-    |> Enum.reduce(:crypto.hash_init(:sha256), &:crypto.hash_update(&2, &1))
-    |> :crypto.hash_final()
   end
 
   @doc false
