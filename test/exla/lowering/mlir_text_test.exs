@@ -85,7 +85,10 @@ defmodule EXLA.Lowering.MLIRTextTest do
   end
 
   test "unknown ops raise a clear error" do
-    expr = %{Nx.iota({2}) | data: %Nx.Defn.Expr{id: make_ref(), op: :frobnicate, args: [], context: nil}}
+    expr = %{
+      Nx.iota({2})
+      | data: %Nx.Defn.Expr{id: make_ref(), op: :frobnicate, args: [], context: nil}
+    }
 
     assert_raise ArgumentError, ~r/frobnicate/, fn ->
       EXLA.Defn.Lowering.to_mlir(expr, [], [])
