@@ -120,7 +120,7 @@ defmodule EXLA.Defn.Lowering.Reduction do
       end)
 
     {scatter, b} = binary_region(b, t.type, "stablehlo.add")
-    rank = tuple_size(Tuple.to_list(window) |> List.to_tuple())
+    rank = tuple_size(window)
 
     Ops.select_and_scatter(b, x, source, init, select, scatter,
       window_dimensions: Tuple.to_list(window),
