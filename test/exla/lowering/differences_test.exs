@@ -74,4 +74,14 @@ defmodule EXLA.Lowering.DifferencesTest do
     assert Nx.to_flat_list(g) == [30]
     assert Nx.to_flat_list(a) == [10, 21, 30]
   end
+
+  test "complex sign, acos and acosh follow the principal definitions" do
+    z = Nx.tensor([Complex.new(-0.3, 0.6), Complex.new(3.0, -4.0)])
+    [sign, acos, acosh] = run(fn z -> {Nx.sign(z), Nx.acos(z), Nx.acosh(z)} end, [z])
+    assert_tensor(Nx.divide(z, Nx.abs(z)), sign)
+    # principal acos has its real part in [0, pi]
+    assert Nx.to_number(Nx.all(Nx.greater_equal(Nx.real(acos), 0))) == 1
+    # principal acosh has a non-negative real part
+    assert Nx.to_number(Nx.all(Nx.greater_equal(Nx.real(acosh), 0))) == 1
+  end
 end

@@ -124,6 +124,13 @@ defmodule EXLA.Defn.Lowering.ElementWise do
     from_pred(b, p, t.type)
   end
 
+  def lower(:cbrt, %T{data: %Expr{args: [x]}, type: {:c, _} = type} = t, b) do
+    # XLA's cbrt is real only: use the principal root z ** (1/3)
+    {x, b} = lower_as(x, type, b)
+    {third, b} = const(b, type, 1 / 3, dims(t))
+    Ops.binary(b, "stablehlo.power", x, third)
+  end
+
   def lower(op, %T{data: %Expr{args: [x]}} = t, b) when is_map_key(@float_unary, op) do
     {x, b} = lower_as(x, t.type, b)
     Ops.unary(b, @float_unary[op], x)
