@@ -42,6 +42,9 @@ defmodule EXLA.Defn.Lowering do
     * Integer `pow` with a negative exponent gives 0 (1 for base 1, ±1 for
       base -1) instead of raising; shifts by a negative amount or by the bit
       width or more give 0 (or -1 for a negative signed value shifted right).
+    * Complex `sign` is `z / |z|` (the reference returns 1); complex `acos`
+      and `acosh` use the principal branches (the reference does not for
+      some arguments with a negative real part).
     * bf16 conversions round to nearest even (the reference truncates).
     * Denormals are flushed to zero on the CPU.
     * `lu` uses partial pivoting on the current column (LAPACK style), so
