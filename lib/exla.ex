@@ -51,9 +51,15 @@ defmodule EXLA do
       evaluating the expression, compiling it (with whether each was a cache
       hit or miss) and executing it. Defaults to `false`.
 
-    * `:lazy_transfers` - `:always`, `:never` or `:opt_in`: whether inputs
-      are transferred to the device only when needed. Inputs are currently
-      always transferred before the computation starts. Defaults to `:never`.
+    * `:lazy_transfers` - `:always`, `:never` or `:opt_in`. With `:always`,
+      no input is transferred before the computation starts: the program
+      asks the calling process for an input (through a host callback) when
+      it first needs it, so an input that only a branch not taken uses, or
+      that is not used at all, is never transferred (nor, for a lazy
+      container, materialized). Each transfer emits the
+      `[:exla, :lazy_transfer]` telemetry event. This trades latency (a
+      round trip to the BEAM per input) for device memory. `:never` and
+      `:opt_in` transfer every input up front. Defaults to `:never`.
 
   Any other option raises an `ArgumentError`, except `:hooks` which is
   given by `Nx.Defn`.
@@ -74,6 +80,10 @@ defmodule EXLA do
   (lowering it and compiling it with XLA) and `:total_time` (their sum), all
   in microseconds, and the metadata `%{key: key}` where `key` is the
   compiled function.
+
+  With `lazy_transfers: :always`, EXLA emits `[:exla, :lazy_transfer]` each
+  time a running program receives an input, with the measurement `:bytes`
+  and the metadata `%{input: index}` (the index of the flattened input).
 
   ## Examples
 

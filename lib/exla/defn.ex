@@ -236,7 +236,14 @@ defmodule EXLA.Defn do
   defp compile_expr(key, expr, vars, opts) do
     client = EXLA.Client.fetch!(opts[:client])
     %{mlir_module: mlir, output_shapes: _} = lowered = lower(expr, vars, opts)
-    callbacks = if lowered.hook_sites == %{}, do: nil, else: lowered.hook_sites
+    # A lazy program's sites carry `lazy: true` (its inputs are fetched, not passed).
+    callbacks =
+      cond do
+        opts[:lazy_transfers] == :always -> Map.put(lowered.hook_sites, :lazy, true)
+        lowered.chain? -> lowered.hook_sites
+        true -> nil
+      end
+
     if callbacks, do: EXLA.NIF.unwrap!(EXLA.NIF.callback_install(client.ref))
     exe = EXLA.Executable.compile(client, mlir, device_id: opts[:device_id])
     output = Composite.traverse(expr, &%{&1 | data: %Nx.TemplateBackend{}})
@@ -260,7 +267,8 @@ defmodule EXLA.Defn do
 
     EXLA.Defn.Lowering.to_mlir(expr, input_shapes,
       precision: opts[:precision],
-      hooks: opts[:hooks] || %{}
+      hooks: opts[:hooks] || %{},
+      lazy_inputs: opts[:lazy_transfers] == :always
     )
   end
 
@@ -347,6 +355,20 @@ defmodule EXLA.Defn do
     build.(outputs)
   end
 
+  defp run_one(%Compiled{exe: exe, build: build, callbacks: %{lazy: true} = sites} = c, args) do
+    inputs = List.to_tuple(args)
+    shapes = List.to_tuple(c.input_shapes)
+
+    if tuple_size(inputs) != tuple_size(shapes) do
+      raise ArgumentError,
+            "expected #{tuple_size(shapes)} arguments for the compiled function, " <>
+              "got: #{tuple_size(inputs)}"
+    end
+
+    fetch = fn i -> lazy_binary(elem(inputs, i), elem(shapes, i)) end
+    build.(EXLA.Defn.Hooks.run(exe, [], sites, [], fetch))
+  end
+
   defp run_one(%Compiled{exe: exe, build: build, callbacks: sites} = compiled, args) do
     buffers =
       args
@@ -355,6 +377,13 @@ defmodule EXLA.Defn do
 
     build.(EXLA.Defn.Hooks.run(exe, buffers, sites))
   end
+
+  # The binary of a lazy input, read when the program asks for it.
+  defp lazy_binary(fun, shape) when is_function(fun, 0), do: lazy_binary(fun.(), shape)
+  defp lazy_binary(%T{} = tensor, _shape), do: Nx.to_binary(tensor)
+
+  defp lazy_binary(number, shape) when is_number(number),
+    do: number |> Nx.tensor(type: shape.dtype) |> Nx.to_binary()
 
   defp on_device({binary, shape}, compiled),
     do: EXLA.DeviceBuffer.place_on_device(binary, shape, compiled.client, compiled.device_id)

@@ -15,6 +15,14 @@ defmodule EXLA.Defn.Hooks do
   and branches. A hook is active when the `:hooks` option or the hook itself
   gives it a function; inactive hooks lower nothing.
 
+  ## Lazy inputs
+
+  With `lazy_transfers: :always`, the program's only parameter is the chain
+  and each used input is lowered by `lower_input/3` where it is first
+  needed: a site `{:input, index}` tells the caller which input to send,
+  and a receiving site waits for it (the caller answers with
+  `EXLA.NIF.callback_push/2` from its receive loop).
+
   ## Running
 
   A program with hooks runs on a native thread (the custom call hands the
@@ -103,13 +111,30 @@ defmodule EXLA.Defn.Hooks do
     end
   end
 
+  @doc """
+  Lowers a lazy input: the value of input `index` of type `type`, requested
+  from the host at this point of the program. Two chained calls: a site
+  `{:input, index}` that tells the caller which input is needed, then a
+  receiving site (`:recv`) that waits for the caller's answer (a flag and
+  the tensor). Returns `{value, b}`.
+  """
+  def lower_input(b, index, type) do
+    {[], b} = emit(b, {:input, index}, [])
+    {[_flag, value], b} = emit(b, :recv, [], [{{:u, 8}, {}}, type])
+    {value, b}
+  end
+
   ## Running
 
   @doc """
   Runs `exe` on `buffers` (device buffers) with a new session whose sites
   are `sites` (a map from site to payload). Returns the output buffers.
+
+  `fetch_input`, a function from an input index to its binary, answers the
+  requests of lazy inputs (sites `{:input, index}`); each answer emits the
+  `[:exla, :lazy_transfer]` telemetry event.
   """
-  def run(exe, buffers, sites, donate \\ []) do
+  def run(exe, buffers, sites, donate \\ [], fetch_input \\ &no_lazy_inputs/1) do
     %{client: client, device_id: device_id} = exe
     {session, id} = EXLA.NIF.callback_session(self())
     chain = EXLA.DeviceBuffer.place_on_device(<<id::64-native>>, chain_shape(), client, device_id)
@@ -118,7 +143,7 @@ defmodule EXLA.Defn.Hooks do
 
     result =
       try do
-        loop(id, sites)
+        loop(id, {sites, session, fetch_input})
       catch
         kind, reason ->
           EXLA.NIF.callback_close(session)
@@ -142,11 +167,11 @@ defmodule EXLA.Defn.Hooks do
   @doc "The shape of the chain parameter."
   def chain_shape, do: EXLA.Shape.make_shape({:u, 64}, {})
 
-  defp loop(id, sites) do
+  defp loop(id, {sites, _session, _fetch} = ctx) do
     receive do
       {:exla_callback, ^id, site, binaries} ->
-        call_site(Map.fetch!(sites, site), binaries)
-        loop(id, sites)
+        call_site(Map.fetch!(sites, site), binaries, ctx)
+        loop(id, ctx)
 
       {:exla_run, ^id, {:ok, outputs}} ->
         {:ok, outputs}
@@ -164,8 +189,25 @@ defmodule EXLA.Defn.Hooks do
     end
   end
 
-  defp call_site({:hook, _name, fun, template}, binaries) do
+  defp call_site({:hook, _name, fun, template}, binaries, _ctx) do
     fun.(to_container(template, binaries))
+  end
+
+  defp call_site({:input, index}, [], {_sites, session, fetch_input}) do
+    binary = fetch_input.(index)
+
+    unless is_binary(binary) do
+      raise ArgumentError, "lazy input #{index} must be a binary, got: #{inspect(binary)}"
+    end
+
+    :telemetry.execute([:exla, :lazy_transfer], %{bytes: byte_size(binary)}, %{input: index})
+    # A closed session means the run already failed; its result says why.
+    _ = EXLA.NIF.callback_push(session, [binary])
+    :ok
+  end
+
+  defp no_lazy_inputs(index) do
+    raise ArgumentError, "the program requested input #{index}, but it has no lazy inputs"
   end
 
   @doc "Rebuilds a container of tensors from `template` and one binary per tensor."

@@ -70,9 +70,15 @@ defmodule EXLA.Defn.Lowering do
     * `:hooks` - a map of hook functions by name. When given and the
       expression has active hooks, the module takes a `ui64` chain as its
       last parameter and the result has `:hook_sites` (site => payload)
+
+    * `:lazy_inputs` - when `true`, the module takes only the chain and
+      requests each used input from the host where it is first needed
+      (see `EXLA.Defn.Hooks.lower_input/3`). Defaults to `false`
+
+  The result's `:chain?` tells whether the module takes a chain.
   """
   def to_mlir(output_expr, input_shapes, opts \\ []) do
-    opts = Keyword.validate!(opts, [:hooks, precision: :default])
+    opts = Keyword.validate!(opts, [:hooks, precision: :default, lazy_inputs: false])
     precision = opts[:precision] || :default
 
     unless precision in [:default, :high, :highest] do
@@ -83,7 +89,10 @@ defmodule EXLA.Defn.Lowering do
     arg_types = Enum.map(input_shapes, fn shape -> {shape.dtype, shape.dims} end)
     # With active hooks, the program takes the host-callback chain last.
     hooks = opts[:hooks]
-    chain? = hooks != nil and EXLA.Defn.Hooks.active?(output_expr, hooks)
+    lazy? = opts[:lazy_inputs] == true
+    chain? = lazy? or (hooks != nil and EXLA.Defn.Hooks.active?(output_expr, hooks))
+    # Lazy inputs are not parameters: the parameter tuple holds their types.
+    {arg_types, lazy} = if lazy?, do: {[], List.to_tuple(arg_types)}, else: {arg_types, nil}
     arg_types = if chain?, do: arg_types ++ [EXLA.Defn.Hooks.chain_type()], else: arg_types
 
     assigns = %{
@@ -94,7 +103,8 @@ defmodule EXLA.Defn.Lowering do
       precision: precision,
       hooks: hooks || %{},
       chain: nil,
-      hook_sites: []
+      hook_sites: [],
+      lazy: lazy
     }
 
     {text, b} =
@@ -103,7 +113,8 @@ defmodule EXLA.Defn.Lowering do
         arg_types,
         fn b, args ->
           {args, chain} = if chain?, do: Enum.split(args, -1), else: {args, [nil]}
-          b = assign(b, params: List.to_tuple(args), chain: hd(chain))
+          params = if lazy, do: lazy, else: List.to_tuple(args)
+          b = assign(b, params: params, chain: hd(chain))
 
           Enum.map_reduce(outputs, b, fn t, b ->
             {v, b} = lower_value(t, b)
@@ -119,7 +130,8 @@ defmodule EXLA.Defn.Lowering do
       mlir_module: text,
       output_shapes: output_shapes,
       used_inputs: b.assigns.used |> Map.keys() |> Enum.sort(),
-      hook_sites: Map.new(b.assigns.hook_sites)
+      hook_sites: Map.new(b.assigns.hook_sites),
+      chain?: chain?
     }
   end
 
@@ -283,7 +295,12 @@ defmodule EXLA.Defn.Lowering do
     end
 
     b = if top, do: assign(b, used: Map.put(b.assigns.used, i, true)), else: b
-    {elem(params, i), b}
+
+    if top and b.assigns.lazy do
+      EXLA.Defn.Hooks.lower_input(b, i, elem(params, i))
+    else
+      {elem(params, i), b}
+    end
   end
 
   defp lower_op(:constant, %T{type: type, data: %Expr{args: [number]}} = t, b) do

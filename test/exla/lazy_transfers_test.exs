@@ -1,0 +1,171 @@
+defmodule EXLA.LazyTransfersTest do
+  use ExUnit.Case, async: false
+
+  import Nx.Defn
+
+  setup do
+    test = self()
+    handler = "lazy-transfers-#{inspect(make_ref())}"
+
+    :telemetry.attach(
+      handler,
+      [:exla, :lazy_transfer],
+      fn _event, %{bytes: bytes}, %{input: i}, _ -> send(test, {:transfer, i, bytes}) end,
+      nil
+    )
+
+    on_exit(fn -> :telemetry.detach(handler) end)
+  end
+
+  defp transfers do
+    receive do
+      {:transfer, i, bytes} -> [{i, bytes} | transfers()]
+    after
+      0 -> []
+    end
+  end
+
+  defp lazy(fun, opts \\ []), do: EXLA.jit(fun, Keyword.put(opts, :lazy_transfers, :always))
+
+  defp eager(fun, args), do: apply(Nx.Defn.jit(fun, compiler: Nx.Defn.Evaluator), args)
+
+  defp assert_same(left, right) do
+    [l, r] = Enum.map([left, right], &Nx.Defn.Composite.flatten_list([&1]))
+    assert length(l) == length(r)
+
+    for {a, b} <- Enum.zip(l, r) do
+      assert a.type == b.type and a.shape == b.shape
+      assert Nx.to_binary(a) == Nx.to_binary(b)
+    end
+  end
+
+  defn affine(a, b), do: a * 2 + b
+  defn pair({a, b}, %{scale: s}), do: {a * s, Nx.sum(b)}
+  defn pick(p, a, b), do: if(p > 0, do: a + 1, else: b - 1)
+  defn only_first(a, _b), do: a + 1
+  defn constant(_a), do: Nx.tensor([1, 2, 3])
+  defn twice(a), do: {a + 1, a * 3}
+
+  defn looped(n, x) do
+    {_i, acc, _n} =
+      while {i = 0, acc = x, n}, i < n do
+        {i + 1, acc * 2, n}
+      end
+
+    acc
+  end
+
+  test "results equal the eager path for several shapes and types" do
+    cases = [
+      {Nx.tensor([1.0, 2.0, 3.0]), Nx.tensor([0.5, 0.25, 0.125])},
+      {Nx.iota({2, 3}, type: :s64), Nx.iota({2, 3}, type: :s64)},
+      {Nx.tensor(7, type: :u8), Nx.tensor([1, 2], type: :u8)},
+      {Nx.tensor([1.5, -2.25], type: :bf16), Nx.tensor(0.5, type: :bf16)},
+      {Nx.tensor([[1.0], [2.0]], type: :f16), Nx.tensor([[3.0], [4.0]], type: :f16)},
+      {Nx.tensor([1.0, -2.0], type: :f64), Nx.tensor([0.0, 1.0e100], type: :f64)},
+      {Nx.complex(Nx.tensor([1.0, 2.0]), Nx.tensor([3.0, 4.0])), Nx.tensor(1.0, type: :c64)},
+      {Nx.tensor([[-1, 1]], type: :s8), Nx.tensor([[2], [3]], type: :s8)}
+    ]
+
+    for {a, b} <- cases do
+      assert_same(lazy(&affine/2).(a, b), eager(&affine/2, [a, b]))
+      assert transfers() |> Enum.map(&elem(&1, 0)) == [0, 1]
+    end
+  end
+
+  test "containers and numbers" do
+    args = [{Nx.tensor([1, 2]), Nx.iota({2, 2}, type: :f32)}, %{scale: Nx.tensor(3)}]
+    assert_same(apply(lazy(&pair/2), args), eager(&pair/2, args))
+    assert transfers() |> Enum.map(&elem(&1, 0)) |> Enum.sort() == [0, 1, 2]
+
+    assert_same(lazy(&affine/2).(2, 0.5), eager(&affine/2, [2, 0.5]))
+  end
+
+  test "an input used twice is transferred once; outputs may share it" do
+    a = Nx.tensor([1.0, 2.0])
+    assert_same(lazy(&twice/1).(a), eager(&twice/1, [a]))
+    assert transfers() == [{0, 8}]
+  end
+
+  test "inputs used by loops and EXLA.compile" do
+    args = [Nx.tensor(3), Nx.tensor([1.0, 2.0])]
+    assert_same(apply(lazy(&looped/2), args), eager(&looped/2, args))
+
+    compiled =
+      EXLA.compile(&affine/2, [Nx.template({2}, :f32), Nx.template({2}, :f32)],
+        lazy_transfers: :always
+      )
+
+    assert_same(compiled.(Nx.tensor([1.0, 2.0]), Nx.tensor([3.0, 4.0])), Nx.tensor([5.0, 8.0]))
+  end
+
+  test "inputs on the device are read when needed" do
+    a = Nx.tensor([1, 2, 3], backend: EXLA.Backend)
+    b = Nx.tensor([4, 5, 6], backend: EXLA.Backend)
+    assert_same(lazy(&affine/2).(a, b), Nx.tensor([6, 9, 12]))
+    assert transfers() == [{0, 24}, {1, 24}]
+  end
+
+  test "an input not needed by the taken branch is never transferred" do
+    a = Nx.tensor([1, 2, 3])
+    b = Nx.tensor([10, 20, 30])
+    fun = lazy(&pick/3)
+
+    assert_same(fun.(1, a, b), Nx.tensor([2, 3, 4]))
+    assert transfers() == [{0, 8}, {1, 24}]
+
+    assert_same(fun.(-1, a, b), Nx.tensor([9, 19, 29]))
+    assert transfers() == [{0, 8}, {2, 24}]
+  end
+
+  test "unused inputs are never transferred" do
+    assert_same(lazy(&only_first/2).(Nx.tensor(1), Nx.iota({1000})), Nx.tensor(2))
+    assert transfers() == [{0, 8}]
+
+    assert_same(lazy(&constant/1).(Nx.tensor(1)), Nx.tensor([1, 2, 3]))
+    assert transfers() == []
+  end
+
+  test "hooks and lazy inputs run together, in program order" do
+    test = self()
+    fun = lazy(&hooked/1, hooks: %{h: &send(test, {:hook, Nx.to_number(&1)})})
+    assert_same(fun.(Nx.tensor(2)), Nx.tensor(6))
+    assert_receive {:hook, 3}
+    assert transfers() == [{0, 8}]
+  end
+
+  defn hooked(a), do: hook(a + 1, :h) * 2
+
+  test ":never and :opt_in pass inputs up front" do
+    for mode <- [:never, :opt_in] do
+      fun = EXLA.jit(&affine/2, lazy_transfers: mode)
+      assert_same(fun.(Nx.tensor(1), Nx.tensor(2)), Nx.tensor(4))
+      assert transfers() == []
+    end
+  end
+
+  test "wrong data fails the run with an exception, without hanging or leaking" do
+    sessions = EXLA.NIF.callback_session_count()
+    template = Nx.template({3}, :f32)
+    build = fn [a, b] -> Nx.add(Nx.multiply(a, 2), b) end
+    opts = [lazy_transfers: :always]
+    compiled = EXLA.Defn.__compile_op__(make_ref(), :liar, [template, template], build, opts)
+    good = fn -> Nx.tensor([1.0, 2.0, 3.0]) end
+
+    # The lazy inputs Nx hands the compiler are functions, called when needed.
+    assert_raise RuntimeError, ~r/bytes/, fn ->
+      EXLA.Defn.__run__(compiled, [fn -> Nx.tensor([1.0, 2.0]) end, good])
+    end
+
+    assert_raise RuntimeError, "no data for you", fn ->
+      EXLA.Defn.__run__(compiled, [good, fn -> raise "no data for you" end])
+    end
+
+    refute_received {:exla_callback, _, _, _}
+    refute_received {:exla_run, _, _}
+    assert EXLA.NIF.callback_session_count() == sessions
+
+    # The compiled function still works afterwards.
+    assert_same(EXLA.Defn.__run__(compiled, [good, good]), Nx.tensor([3.0, 6.0, 9.0]))
+  end
+end
