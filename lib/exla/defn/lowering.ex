@@ -47,8 +47,8 @@ defmodule EXLA.Defn.Lowering do
       some arguments with a negative real part).
     * bf16 conversions round to nearest even (the reference truncates).
     * Denormals are flushed to zero on the CPU.
-    * `lu` raises, as in EXLA 0.7 (StableHLO has no LU op), and so do
-      `determinant` of matrices larger than 3x3 and `invert`, which use it.
+    * `lu` uses partial pivoting on the current column (LAPACK style), so
+      P, L and U can differ from the reference's (P . L . U still gives A).
   """
 
   alias EXLA.MLIR.{Builder, Ops, Value}
@@ -419,9 +419,16 @@ defmodule EXLA.Defn.Lowering do
     end
   end
 
-  defp lower_op(:lu, _t, _b) do
-    raise ArgumentError,
-          "Nx.LinAlg.lu/2 is not supported: XLA does not currently support the LU operation"
+  defp lower_op(:lu, %T{data: %Expr{args: [{p, l, u}, tensor, _opts]}}, b) do
+    {x, b} = lower_value(tensor, b)
+    expr = EXLA.Defn.Lowering.LU.expr(Nx.template(dims(tensor), tensor.type))
+    {values, b} = isolated_scope(b, [x], &lower_container(expr, &1))
+
+    {values, b} =
+      Enum.zip(values, [p, l, u])
+      |> Enum.map_reduce(b, fn {v, t}, b -> Ops.convert(b, v, t.type) end)
+
+    {{:tuple, values}, b}
   end
 
   @families [

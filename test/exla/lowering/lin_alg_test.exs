@@ -130,15 +130,32 @@ defmodule EXLA.Lowering.LinAlgTest do
     assert_same(fun, [a, b], atol: 1.0e-4)
   end
 
-  test "lu raises as in EXLA 0.7; small determinants work" do
-    assert_raise ArgumentError, ~r/lu/, fn -> lower(&Nx.LinAlg.lu/1, [Nx.eye(3)]) end
-
+  test "lu, determinant and invert" do
     a = Nx.tensor([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0], [7.0, 8.0, 10.0]])
 
-    assert_same(
-      fn a -> {Nx.LinAlg.determinant(a), Nx.LinAlg.determinant(a[0..1][[.., 0..1]])} end,
-      [a]
+    b =
+      Nx.tensor([
+        [[2.0, 1.0, 0.0, 3.0], [1.0, 4.0, 1.0, 0.5], [0.0, 2.0, 5.0, 1.0], [1.0, 0.0, 1.0, 6.0]]
+      ])
+
+    [p, l, u] = run(&Nx.LinAlg.lu/1, [a])
+    assert_tensor(a, Nx.dot(p, Nx.dot(l, u)), atol: 1.0e-5)
+
+    assert_tensor(
+      Nx.tensor([[1.0, 0.0, 0.0], [0.0, 1.0, 0.0], [0.0, 0.0, 1.0]]),
+      Nx.multiply(l, Nx.eye(3))
     )
+
+    [p, l, u] = run(&Nx.LinAlg.lu/1, [Nx.tensor([[1, 2], [3, 4]])])
+    assert p.type == {:s, 64}
+    assert_tensor(Nx.tensor([[1.0, 2.0], [3.0, 4.0]]), Nx.dot(p, Nx.dot(l, u)))
+
+    fun = fn a, b ->
+      {Nx.LinAlg.determinant(a), Nx.LinAlg.determinant(b), Nx.LinAlg.invert(a),
+       Nx.LinAlg.invert(b)}
+    end
+
+    assert_same(fun, [a, b], atol: 1.0e-4)
   end
 
   @tag :slow
