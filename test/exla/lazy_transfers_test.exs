@@ -168,4 +168,37 @@ defmodule EXLA.LazyTransfersTest do
     # The compiled function still works afterwards.
     assert_same(EXLA.Defn.__run__(compiled, [good, good]), Nx.tensor([3.0, 6.0, 9.0]))
   end
+
+  defn running_sum(x, acc), do: {acc, x + acc}
+
+  defp pool_threads do
+    "/proc/self/task/*/comm"
+    |> Path.wildcard()
+    |> Enum.count(&(File.read!(&1) =~ "exla-callback"))
+  end
+
+  test "streams blocked on input do not starve other runs of pool threads" do
+    # Each open stream holds a native thread while it waits for input.
+    streams = for _ <- 1..8, do: EXLA.stream(&running_sum/2, [0, 0])
+    assert_same(lazy(&affine/2).(Nx.tensor(1), Nx.tensor(2)), Nx.tensor(4))
+
+    concurrent =
+      1..8
+      |> Task.async_stream(fn i -> lazy(&affine/2).(Nx.tensor(i), Nx.tensor(i)) end)
+      |> Enum.map(fn {:ok, t} -> Nx.to_number(t) end)
+
+    assert concurrent == Enum.map(1..8, &(&1 * 3))
+
+    for stream <- streams do
+      :ok = Nx.Stream.send(stream, 5)
+      assert Nx.to_number(Nx.Stream.recv(stream)) == 0
+      assert Nx.to_number(Nx.Stream.done(stream)) == 5
+    end
+
+    # Sequential calls reuse the pool's threads instead of starting new ones.
+    threads = pool_threads()
+    assert threads > 0
+    for _ <- 1..200, do: lazy(&affine/2).(Nx.tensor(1), Nx.tensor(2))
+    assert pool_threads() <= threads
+  end
 end
