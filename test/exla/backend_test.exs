@@ -281,9 +281,15 @@ defmodule EXLA.BackendTest do
       assert Nx.to_flat_list(sum) == [11, 22]
     end
 
-    test "lu is not supported, as in EXLA 0.7" do
-      t = Nx.tensor([[4.0, 3.0], [6.0, 3.0]], backend: EXLA.Backend)
-      assert_raise ArgumentError, ~r/lu/, fn -> Nx.LinAlg.lu(t) end
+    test "lu factorizes with partial pivoting, so determinant and invert work" do
+      t = Nx.tensor([[4.0, 3.0, 1.0], [6.0, 3.0, 2.0], [1.0, 5.0, 9.0]], backend: EXLA.Backend)
+      {p, l, u} = Nx.LinAlg.lu(t)
+      assert %EXLA.Backend{} = l.data
+      assert Nx.all_close(p |> Nx.dot(l) |> Nx.dot(u), t) |> Nx.to_number() == 1
+      expected = Nx.LinAlg.determinant(Nx.backend_copy(t, Nx.BinaryBackend))
+      assert_in_delta Nx.to_number(Nx.LinAlg.determinant(t)), Nx.to_number(expected), 1.0e-4
+      identity = Nx.dot(t, Nx.LinAlg.invert(t))
+      assert Nx.all_close(identity, Nx.eye(3), atol: 1.0e-5) |> Nx.to_number() == 1
     end
 
     test "tuple results of optional callbacks" do
