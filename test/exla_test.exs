@@ -186,6 +186,57 @@ defmodule EXLATest do
     end
   end
 
+  describe "EXLA.Defn.LockedCache" do
+    alias EXLA.Defn.LockedCache
+
+    test "waiters reuse the value computed by the lock holder" do
+      key = {__MODULE__, make_ref()}
+      parent = self()
+
+      holder =
+        Task.async(fn ->
+          LockedCache.run(key, fn ->
+            send(parent, :computing)
+            receive do: (:go -> :value)
+          end)
+        end)
+
+      assert_receive :computing
+      waiter = Task.async(fn -> LockedCache.run(key, fn -> flunk("computed twice") end) end)
+      refute Task.yield(waiter, 50)
+      send(holder.pid, :go)
+      assert Task.await(holder) == {:miss, :value}
+      assert Task.await(waiter) == {:hit, :value}
+      assert LockedCache.get(key) == :value
+    end
+
+    test "a waiter computes when the lock holder dies" do
+      key = {__MODULE__, make_ref()}
+      parent = self()
+
+      holder =
+        spawn(fn ->
+          LockedCache.run(key, fn ->
+            send(parent, :computing)
+            Process.sleep(:infinity)
+          end)
+        end)
+
+      assert_receive :computing
+      waiter = Task.async(fn -> LockedCache.run(key, fn -> :from_waiter end) end)
+      refute Task.yield(waiter, 50)
+      Process.exit(holder, :kill)
+      assert Task.await(waiter) == {:miss, :from_waiter}
+    end
+
+    test "a failed computation is not cached and releases the lock" do
+      key = {__MODULE__, make_ref()}
+      assert_raise RuntimeError, "boom", fn -> LockedCache.run(key, fn -> raise "boom" end) end
+      assert LockedCache.get(key) == nil
+      assert LockedCache.run(key, fn -> :ok end) == {:miss, :ok}
+    end
+  end
+
   describe "options" do
     test "debug: true logs evaluation, compilation and execution" do
       level = Logger.level()
