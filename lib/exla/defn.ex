@@ -188,8 +188,12 @@ defmodule EXLA.Defn do
 
   defp lookup_or_compile(key, cache_key, vars, fun, opts) do
     case LockedCache.get(cache_key) do
-      nil -> compile(key, cache_key, vars, fun, opts)
-      compiled -> compiled
+      nil ->
+        compile(key, cache_key, vars, fun, opts)
+
+      compiled ->
+        if compiled.debug?, do: log_hits(key, 0)
+        compiled
     end
   end
 
