@@ -4,6 +4,17 @@
 # Nx.Serving is left out: its examples define modules (MyDefn, MyServing)
 # in prose and Nx does not run them as doctests either.
 #
+# Doctests known to fail (not excluded; see the report of this file's author):
+#
+#   * Nx.Defn.Composite.flatten_list/2 (3) compares `Nx.tensor(4)` with `===`:
+#     two device tensors are equal only when they share a buffer.
+#   * Nx.Random.normal/4 and multivariate_normal/4 print erf_inv results that
+#     differ in the last digits (the reference's erf_inv is single-precision).
+#   * Nx.LinAlg: cholesky, determinant, eigh, least_squares, lu, matrix_power,
+#     pinv, solve, svd and triangular_solve print other (valid) rounding,
+#     pivoting or eigenvector signs; triangular_solve does not raise on a
+#     singular matrix in compiled code.
+#
 # Each Nx module gets its own test module, so that a single one can be run
 # with `mix test test/exla/nx_doctest_test.exs --only doctest:Nx.LinAlg`.
 defmodule EXLA.NxDoctestTest.Setup do
