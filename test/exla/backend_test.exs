@@ -15,8 +15,9 @@ defmodule EXLA.BackendTest do
     clients = Application.fetch_env!(:exla, :clients)
 
     unless Keyword.has_key?(clients, :backend_test_multi) do
-      clients = clients ++ [backend_test_multi: [platform: :host, device_count: 2]]
-      Application.put_env(:exla, :clients, clients)
+      multi = clients ++ [backend_test_multi: [platform: :host, device_count: 2]]
+      Application.put_env(:exla, :clients, multi)
+      on_exit(fn -> Application.put_env(:exla, :clients, clients) end)
     end
 
     :ok
