@@ -71,9 +71,14 @@ defmodule EXLA.Defn.Lowering.LinAlg do
     if axis == last, do: {x, b}, else: Ops.transpose(b, x, perm)
   end
 
+  # Nx.BinaryBackend substitutes in double precision and rounds the result
+  # once; solving narrower floats in f64 and rounding at the end gives the
+  # same (correctly rounded) answers instead of XLA's f32 reciprocal-multiply
+  # rounding.
   def lower(:triangular_solve, %T{data: %Expr{args: [a, x, opts]}} = t, b) do
-    {a, b} = lower_as(a, t.type, b)
-    {x, b} = lower_as(x, t.type, b)
+    work = solve_type(t.type)
+    {a, b} = lower_as(a, work, b)
+    {x, b} = lower_as(x, work, b)
     {_, a_dims} = a.type
     {_, x_dims} = x.type
     left? = Keyword.get(opts, :left_side, true)
@@ -102,8 +107,14 @@ defmodule EXLA.Defn.Lowering.LinAlg do
         transpose_a: transpose
       )
 
-    if vector?, do: Ops.reshape(b, v, x_dims), else: {v, b}
+    {v, b} = if vector?, do: Ops.reshape(b, v, x_dims), else: {v, b}
+    Ops.convert(b, v, t.type)
   end
+
+  defp solve_type({:f, size}) when size < 64, do: {:f, 64}
+  defp solve_type({:bf, 16}), do: {:f, 64}
+  defp solve_type({:c, 64}), do: {:c, 128}
+  defp solve_type(type), do: type
 
   # Nx permutations say where each logical axis (batch, feature, spatial...)
   # lives in the tensor: logical axis k is tensor axis perm[k].
