@@ -61,8 +61,7 @@ defmodule EXLA.Defn.Lowering.ElementWise do
     asin: "chlo.asin",
     atan: "chlo.atan",
     erf: "chlo.erf",
-    erfc: "chlo.erfc",
-    erf_inv: "chlo.erf_inv"
+    erfc: "chlo.erfc"
   }
 
   @same_type_unary %{
@@ -85,7 +84,7 @@ defmodule EXLA.Defn.Lowering.ElementWise do
          Map.keys(@compare) ++
          Map.keys(@logical) ++
          Map.keys(@float_unary) ++
-         Map.keys(@same_type_unary) ++ Map.keys(@rounding) ++ @other
+         Map.keys(@same_type_unary) ++ Map.keys(@rounding) ++ [:erf_inv | @other]
 
   def ops, do: @ops
 
@@ -129,6 +128,45 @@ defmodule EXLA.Defn.Lowering.ElementWise do
     {x, b} = lower_as(x, type, b)
     {third, b} = const(b, type, 1 / 3, dims(t))
     Ops.binary(b, "stablehlo.power", x, third)
+  end
+
+  # Nx.BinaryBackend's erf_inv (from the complex package) is Giles'
+  # single-precision polynomial evaluated in double precision and rounded
+  # once to the output type. It is computed here the same way, operation for
+  # operation, so results match it bit for bit instead of differing in the
+  # last digits like chlo.erf_inv does.
+  @erf_inv_central [2.81022636e-08, 3.43273939e-07, -3.5233877e-06, -4.39150654e-06] ++
+                     [0.00021858087, -0.00125372503, -0.00417768164, 0.246640727, 1.50140941]
+  @erf_inv_tail [-0.000200214257, 0.000100950558, 0.00134934322, -0.00367342844] ++
+                  [0.00573950773, -0.0076224613, 0.00943887047, 1.00167406, 2.83297682]
+
+  def lower(:erf_inv, %T{data: %Expr{args: [x]}} = t, b) do
+    f64 = {:f, 64}
+    d = dims(t)
+    {z, b} = lower_as(x, f64, b)
+    {one, b} = const(b, f64, 1, d)
+    {one_minus, b} = Ops.binary(b, "stablehlo.subtract", one, z)
+    {one_plus, b} = Ops.binary(b, "stablehlo.add", one, z)
+    {prod, b} = Ops.binary(b, "stablehlo.multiply", one_minus, one_plus)
+    {log, b} = Ops.unary(b, "stablehlo.log", prod)
+    {w, b} = Ops.unary(b, "stablehlo.negate", log)
+    {c25, b} = const(b, f64, 2.5, d)
+    {w_central, b} = Ops.binary(b, "stablehlo.subtract", w, c25)
+    {central, b} = horner(b, @erf_inv_central, w_central)
+    {root, b} = Ops.unary(b, "stablehlo.sqrt", w)
+    {c3, b} = const(b, f64, 3, d)
+    {w_tail, b} = Ops.binary(b, "stablehlo.subtract", root, c3)
+    {tail, b} = horner(b, @erf_inv_tail, w_tail)
+    {c5, b} = const(b, f64, 5, d)
+    {small?, b} = Ops.compare(b, "LT", w, c5)
+    {p, b} = Ops.select(b, small?, central, tail)
+    {r, b} = Ops.binary(b, "stablehlo.multiply", p, z)
+    # the reference answers the special points exactly (0 is +0.0)
+    {r, b} = special(b, z, 0, 0, r)
+    {r, b} = special(b, z, 1, :infinity, r)
+    {r, b} = special(b, z, -1, :neg_infinity, r)
+    {r, b} = Ops.convert(b, r, t.type)
+    {r, b}
   end
 
   def lower(op, %T{data: %Expr{args: [x]}} = t, b) when is_map_key(@float_unary, op) do
@@ -301,4 +339,22 @@ defmodule EXLA.Defn.Lowering.ElementWise do
   end
 
   def as_type(b, x, type), do: Ops.convert(b, x, type)
+
+  # acc * w + c for each coefficient after the first, in order.
+  defp horner(b, [first | rest], %Value{type: {elem, dims}} = w) do
+    {acc, b} = const(b, elem, first, dims)
+
+    Enum.reduce(rest, {acc, b}, fn c, {acc, b} ->
+      {m, b} = Ops.binary(b, "stablehlo.multiply", acc, w)
+      {c, b} = const(b, elem, c, dims)
+      Ops.binary(b, "stablehlo.add", m, c)
+    end)
+  end
+
+  defp special(b, %Value{type: {elem, dims}} = z, at, value, r) do
+    {at, b} = const(b, elem, at, dims)
+    {value, b} = const(b, elem, value, dims)
+    {hit?, b} = Ops.compare(b, "EQ", z, at)
+    Ops.select(b, hit?, value, r)
+  end
 end
