@@ -419,9 +419,9 @@ defmodule EXLA.Defn.Lowering do
     end
   end
 
-  defp lower_op(:lu, %T{data: %Expr{args: [{p, l, u}, tensor, _opts]}}, b) do
+  defp lower_op(:lu, %T{data: %Expr{args: [{p, l, u}, tensor, opts]}}, b) do
     {x, b} = lower_value(tensor, b)
-    expr = EXLA.Defn.Lowering.LU.expr(Nx.template(dims(tensor), tensor.type))
+    expr = EXLA.Defn.Lowering.LU.expr(Nx.template(dims(tensor), tensor.type), opts)
     {values, b} = isolated_scope(b, [x], &lower_container(expr, &1))
 
     {values, b} =

@@ -1,54 +1,79 @@
 defmodule EXLA.Defn.Lowering.LU do
   @moduledoc false
-  # LU decomposition with partial pivoting (A = P . L . U) written as a defn,
-  # traced to an expression and lowered like any other (`:lu` has no direct
-  # StableHLO op). Pivots are the largest absolute value of each column, as
-  # in LAPACK's getrf; P, L and U may differ from Nx.BinaryBackend's, which
-  # chooses its permutation from the original matrix.
+  # LU decomposition (A = P . L . U) written as a defn, traced to an
+  # expression and lowered like any other (`:lu` has no direct StableHLO op).
+  #
+  # It follows Nx.BinaryBackend so that results match it: the permutation
+  # is chosen first, from the original matrix (for each column j, the row at
+  # or below j with the largest absolute value in column j, the first one on
+  # ties, is swapped into row j); then the permuted matrix is eliminated
+  # without further pivoting. The arithmetic is done in double precision and
+  # rounded once at the end (the reference computes with Erlang floats);
+  # entries below `eps` in absolute value become zero, as in the reference,
+  # and a zero pivot gives infinite multipliers.
 
   import Nx.Defn
 
   @doc false
-  def expr(%Nx.Tensor{} = template) do
-    Nx.Defn.debug_expr(&lu/1).(template)
+  def expr(%Nx.Tensor{} = template, opts \\ []) do
+    eps = Keyword.get(opts, :eps, 1.0e-10)
+    Nx.Defn.debug_expr(&lu(&1, eps: eps)).(template)
   end
 
-  defn lu(a) do
+  defn lu(a, opts \\ []) do
+    eps = opts[:eps]
     n = Nx.axis_size(a, -1)
-    u = as_float(a)
-    l = Nx.broadcast(Nx.as_type(0, Nx.type(u)), Nx.shape(u))
-    perm = Nx.iota(row_shape(a), axis: -1)
-    row_ids = perm
+    work = as_work(a)
+    row_ids = Nx.iota(row_shape(a), axis: -1)
 
-    {_k, u, l, perm} =
-      while {k = 0, u, l, perm}, k < n do
-        col = Nx.take(u, k, axis: -1)
-        candidates = Nx.select(row_ids >= k, Nx.abs(col), -1)
-        pivot = Nx.argmax(candidates, axis: -1, keep_axis: true)
-        swap = Nx.select(row_ids == k, pivot, Nx.select(row_ids == pivot, k, row_ids))
-        swap_rows = Nx.broadcast(Nx.new_axis(swap, -1), u)
-        u = Nx.take_along_axis(u, swap_rows, axis: -2)
-        l = Nx.take_along_axis(l, swap_rows, axis: -2)
-        perm = Nx.take_along_axis(perm, swap, axis: -1)
+    {_j, work, perm} =
+      while {j = 0, work, perm = row_ids}, j < n - 1 do
+        candidates = Nx.select(row_ids >= j, Nx.abs(Nx.take(work, j, axis: -1)), -1)
+        pivot = Nx.argmax(candidates, axis: -1, keep_axis: true, tie_break: :low)
+        swap = Nx.select(row_ids == j, pivot, Nx.select(row_ids == pivot, j, row_ids))
+        work = Nx.take_along_axis(work, Nx.broadcast(Nx.new_axis(swap, -1), work), axis: -2)
+        {j + 1, work, Nx.take_along_axis(perm, swap, axis: -1)}
+      end
 
-        row = Nx.take(u, k, axis: -2)
+    l = Nx.broadcast(Nx.as_type(0, Nx.type(work)), Nx.shape(work))
+    col_ids = Nx.iota({1, n})
+
+    {_k, u, l} =
+      while {k = 0, u = work, l}, k < n do
+        row = flush(Nx.take(u, k, axis: -2), eps)
+        u = Nx.select(Nx.broadcast(Nx.new_axis(row_ids == k, -1), u), Nx.new_axis(row, -2), u)
         col = Nx.take(u, k, axis: -1)
-        pivot_value = Nx.new_axis(Nx.take(row, k, axis: -1), -1)
-        below = row_ids > k and pivot_value != 0
-        factors = Nx.select(below, col / Nx.select(pivot_value == 0, 1, pivot_value), 0)
+        pivot = Nx.broadcast(Nx.new_axis(Nx.take(row, k, axis: -1), -1), col)
+        inf = Nx.select(real_part(col) >= 0, Nx.Constants.infinity(), Nx.Constants.neg_infinity())
+        factors = Nx.select(pivot == 0, inf, col / Nx.select(pivot == 0, 1, pivot))
+        factors = Nx.select(row_ids > k, flush(factors, eps), 0)
         u = u - Nx.new_axis(factors, -1) * Nx.new_axis(row, -2)
-        l = l + Nx.new_axis(factors, -1) * (Nx.iota({1, n}) == k)
-        {k + 1, u, l, perm}
+        {k + 1, u, l + Nx.new_axis(factors, -1) * (col_ids == k)}
       end
 
     rows = Nx.iota({n, n}, axis: 0)
     cols = Nx.iota({n, n}, axis: 1)
-    l = l + Nx.eye(n, type: Nx.type(l))
-    u = Nx.select(Nx.broadcast(rows <= cols, Nx.shape(u)), u, 0)
+    l = flush(l + Nx.eye(n, type: Nx.type(l)), eps)
+    u = flush(Nx.select(Nx.broadcast(rows <= cols, Nx.shape(u)), u, 0), eps)
     p = Nx.new_axis(perm, -2) == Nx.iota(Nx.shape(a), axis: -2)
     {Nx.as_type(p, Nx.type(a)), l, u}
   end
 
-  deftransformp as_float(a), do: Nx.as_type(a, Nx.Type.to_floating(Nx.type(a)))
+  defnp flush(x, eps), do: Nx.select(Nx.abs(x) < eps, 0, x)
+
+  deftransformp as_work(a) do
+    case Nx.type(a) do
+      {:c, _} -> Nx.as_type(a, {:c, 128})
+      _ -> Nx.as_type(a, {:f, 64})
+    end
+  end
+
+  deftransformp real_part(x) do
+    case Nx.type(x) do
+      {:c, _} -> Nx.real(x)
+      _ -> x
+    end
+  end
+
   deftransformp row_shape(a), do: Tuple.delete_at(Nx.shape(a), Nx.rank(a) - 1)
 end
