@@ -105,5 +105,5 @@ MLP 784-512-512-10, batch 128, one SGD step
 
 lowering the step to MLIR text  #{r.(lower_us / 1000)} ms
 XLA compile of that text        #{r.(compile_us / 1000)} ms
-ratio lowering / compile        #{r.(lower_us / compile_us)}
+ratio lowering / compile        #{Float.round(lower_us / compile_us, 4)}
 """)
