@@ -302,7 +302,10 @@ defmodule EXLA.Defn do
 
   ## Options
 
-  defp validate_options!(opts) do
+  @doc false
+  # Validates the compiler options of jit, compile and stream; returns them
+  # with :client and :device_id resolved.
+  def validate_options!(opts) do
     opts =
       Keyword.validate!(opts, [
         :client,

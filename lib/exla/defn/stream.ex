@@ -36,19 +36,9 @@ defmodule EXLA.Defn.Stream do
   @doc false
   # Compiles (or fetches) the stream program and starts it.
   def start(cache_key, input, acc, vars, fun, [args], opts) do
-    opts =
-      Keyword.validate!(opts, [
-        :client,
-        :device_id,
-        :hooks,
-        precision: :default,
-        cache: true,
-        debug: false,
-        lazy_transfers: :never
-      ])
-
-    client = EXLA.Client.fetch!(opts[:client] || EXLA.Client.default_name())
-    device_id = opts[:device_id] || client.default_device_id
+    opts = EXLA.Defn.validate_options!(opts)
+    client = EXLA.Client.fetch!(opts[:client])
+    device_id = opts[:device_id]
     build = fn -> compile(client, device_id, input, acc, vars, fun, opts) end
 
     program =
