@@ -52,4 +52,9 @@ defmodule EXLA.NIF do
   def callback_close(_session), do: nif_error()
   def callback_session_count, do: nif_error()
   def callback_run(_executable, _session, _buffers, _donatable), do: nif_error()
+
+  # A test aid, not an API: the next host-callback session opened by `owner`
+  # panics once on the Rust side, in the FFI handler (`:handler`) or in
+  # `callback_push/2` (`:reply`). See native/exla/src/callback.rs.
+  def callback_inject_panic(_owner, _at), do: nif_error()
 end

@@ -1,0 +1,93 @@
+defmodule EXLA.CallbackPanicTest do
+  # Panics on the Rust side of host callbacks, injected with the test aid
+  # `EXLA.NIF.callback_inject_panic/2` (there is no natural way to make the
+  # handler or the replying NIF panic).
+  use ExUnit.Case, async: false
+
+  import Nx.Defn
+
+  defn hooked(a), do: hook(a + 1, :h) * 2
+  defn affine(a, b), do: a * 2 + b
+
+  defp inject(owner, at), do: EXLA.NIF.unwrap!(EXLA.NIF.callback_inject_panic(owner, at))
+
+  defp wait_for_sessions(count, tries \\ 100) do
+    cond do
+      EXLA.NIF.callback_session_count() <= count -> :ok
+      tries == 0 -> flunk("host callback sessions were not closed")
+      true -> Process.sleep(20) && wait_for_sessions(count, tries - 1)
+    end
+  end
+
+  defp assert_usable(sessions) do
+    # The VM, the client and the callback bridge all still work.
+    assert Nx.to_number(EXLA.jit(&Nx.add/2).(1, 2)) == 3
+    test = self()
+    fun = EXLA.jit(&hooked/1, hooks: %{h: &send(test, {:hook, Nx.to_number(&1)})})
+    assert Nx.to_number(fun.(Nx.tensor(4))) == 10
+    assert_received {:hook, 5}
+    wait_for_sessions(sessions)
+    refute_received {:exla_callback, _, _, _}
+    refute_received {:exla_run, _, _}
+  end
+
+  test "a panic in the host callback handler becomes a RuntimeError" do
+    sessions = EXLA.NIF.callback_session_count()
+    fun = EXLA.jit(&hooked/1, hooks: %{h: fn _ -> flunk("the hook must not run") end})
+    :ok = inject(self(), :handler)
+
+    assert_raise RuntimeError, ~r/host callback panicked: injected panic in the host/, fn ->
+      fun.(Nx.tensor(1))
+    end
+
+    assert_usable(sessions)
+  end
+
+  test "a panic in the handler while it serves a lazy input" do
+    sessions = EXLA.NIF.callback_session_count()
+    fun = EXLA.jit(&affine/2, lazy_transfers: :always)
+    :ok = inject(self(), :handler)
+
+    assert_raise RuntimeError, ~r/host callback panicked/, fn ->
+      fun.(Nx.tensor([1, 2]), Nx.tensor([3, 4]))
+    end
+
+    assert Nx.to_flat_list(fun.(Nx.tensor([1, 2]), Nx.tensor([3, 4]))) == [5, 8]
+    assert_usable(sessions)
+  end
+
+  test "a panic inside the NIF that replies to a callback raises in the caller" do
+    sessions = EXLA.NIF.callback_session_count()
+    fun = EXLA.jit(&affine/2, lazy_transfers: :always)
+    :ok = inject(self(), :reply)
+
+    # rustler turns the NIF's panic into an exception in the calling process;
+    # the run it was answering is failed and waited for before it is raised.
+    error =
+      assert_raise ErlangError, ~r/nif_panicked/, fn ->
+        fun.(Nx.tensor([1, 2]), Nx.tensor([3, 4]))
+      end
+
+    assert error.original == :nif_panicked
+
+    assert Nx.to_flat_list(fun.(Nx.tensor([1, 2]), Nx.tensor([3, 4]))) == [5, 8]
+    assert_usable(sessions)
+  end
+
+  test "faults are armed per owner process and bad places are refused" do
+    sessions = EXLA.NIF.callback_session_count()
+    fun = EXLA.jit(&hooked/1, hooks: %{h: fn _ -> :ok end})
+
+    # A fault armed for another process does not touch this one's runs.
+    other = spawn(fn -> Process.sleep(:infinity) end)
+    :ok = inject(other, :handler)
+    assert Nx.to_number(fun.(Nx.tensor(1))) == 4
+    Process.exit(other, :kill)
+
+    assert_raise ArgumentError, ~r/:handler or :reply/, fn ->
+      EXLA.NIF.unwrap!(EXLA.NIF.callback_inject_panic(self(), :elsewhere))
+    end
+
+    assert_usable(sessions)
+  end
+end
