@@ -56,6 +56,32 @@ defmodule EXLA.StreamTest do
     assert Nx.to_number(Nx.Stream.done(stream)) == 7
   end
 
+  test "recv waits for a chunk not sent yet; queued chunks come out in order" do
+    stream = EXLA.stream(&sum/2, [0, 0])
+    id = stream.id
+
+    # Without input the program produces nothing: it waits for a chunk.
+    refute_receive {:exla_callback, ^id, _, _}, 100
+
+    sender =
+      Task.async(fn ->
+        Process.sleep(200)
+        Nx.Stream.send(stream, 3)
+      end)
+
+    {time, output} = :timer.tc(fn -> Nx.Stream.recv(stream) end)
+    assert Nx.to_number(output) == 0
+    assert time >= 150_000, "recv returned after #{time}us, before the chunk was sent"
+    assert Task.await(sender) == :ok
+
+    # Sends never wait for recv; each recv takes the next output in order.
+    for i <- 1..50, do: :ok = Nx.Stream.send(stream, i)
+    outputs = for _ <- 1..50, do: stream |> Nx.Stream.recv() |> Nx.to_number()
+    assert outputs == Enum.scan(0..49, 3, &(&1 + &2))
+    refute_received {:exla_callback, ^id, _, _}
+    assert Nx.to_number(Nx.Stream.done(stream)) == 3 + 1275
+  end
+
   test "a send of the wrong shape or type raises and the stream goes on" do
     stream = EXLA.stream(&sum/2, [Nx.tensor([0, 0]), Nx.tensor([0, 0])])
     assert_raise ArgumentError, ~r/shape/, fn -> Nx.Stream.send(stream, Nx.tensor([1, 2, 3])) end
@@ -122,17 +148,28 @@ defmodule EXLA.StreamTest do
     assert Nx.to_number(Nx.Stream.done(stream)) == 4
   end
 
+  defp rss_kb do
+    "/proc/self/status"
+    |> File.read!()
+    |> then(&Regex.run(~r/VmRSS:\s+(\d+)/, &1))
+    |> Enum.at(1)
+    |> String.to_integer()
+  end
+
   @tag :slow
-  test "100,000 chunks keep the BEAM memory flat" do
+  @tag timeout: 600_000
+  test "100,000 chunks keep the BEAM's and the process's memory flat" do
     stream = EXLA.stream(&sum/2, [0, 0])
     round = fn -> Nx.Stream.send(stream, 1) && Nx.Stream.recv(stream) end
     for _ <- 1..5_000, do: round.()
     :erlang.garbage_collect()
-    before = :erlang.memory(:total)
+    {before, rss} = {:erlang.memory(:total), rss_kb()}
     for _ <- 1..100_000, do: round.()
     :erlang.garbage_collect()
     growth = :erlang.memory(:total) - before
     assert growth < 20_000_000, "BEAM memory grew by #{growth} bytes"
+    rss_growth = rss_kb() - rss
+    assert rss_growth < 50_000, "the process's RSS grew by #{rss_growth} kB"
     assert Nx.to_number(Nx.Stream.done(stream)) == 105_000
   end
 
