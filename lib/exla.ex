@@ -51,15 +51,25 @@ defmodule EXLA do
       evaluating the expression, compiling it (with whether each was a cache
       hit or miss) and executing it. Defaults to `false`.
 
-    * `:lazy_transfers` - `:always`, `:never` or `:opt_in`. With `:always`,
-      no input is transferred before the computation starts: the program
-      asks the calling process for an input (through a host callback) when
-      it first needs it, so an input that only a branch not taken uses, or
-      that is not used at all, is never transferred (nor, for a lazy
-      container, materialized). Each transfer emits the
-      `[:exla, :lazy_transfer]` telemetry event. This trades latency (a
-      round trip to the BEAM per input) for device memory. `:never` and
-      `:opt_in` transfer every input up front. Defaults to `:never`.
+    * `:lazy_transfers` - `:opt_in`, `:always` or `:never`. Defaults to
+      `:opt_in`, as in EXLA 0.7.
+
+      With `:always`, inputs not yet on a device are not transferred
+      before the computation starts: the program asks the calling process
+      for such an input (through a host callback) when it first needs it,
+      so an input that only a branch not taken uses, or that is not used at
+      all, is never transferred (nor, for a lazy container, materialized).
+      Each of these transfers emits the `[:exla, :lazy_transfer]` telemetry
+      event. Inputs that already are `EXLA.Backend` tensors are passed to
+      the program as ordinary parameters (copied first if they live on
+      another device) and never go through the host; a program is compiled
+      (and cached) for each combination of device and host inputs a function
+      is called with. This trades latency (a round trip to the BEAM per host
+      input) for device memory.
+
+      `:opt_in` makes lazy only the inputs that opt in, and Nx 0.7 gives an
+      argument no way to opt in, so, as in EXLA 0.7, it transfers every
+      input before the computation starts, exactly like `:never`.
 
   Any other option raises an `ArgumentError`, except `:hooks` which is
   given by `Nx.Defn`.

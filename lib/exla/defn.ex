@@ -240,12 +240,17 @@ defmodule EXLA.Defn do
   defp compile_expr(key, expr, vars, opts) do
     client = EXLA.Client.fetch!(opts[:client])
     %{mlir_module: mlir, output_shapes: _} = lowered = lower(expr, vars, opts)
-    # A lazy program's sites carry `lazy: true` (its inputs are fetched, not passed).
+    # A lazy program's sites carry `:lazy` (see lazy_variants/4).
     callbacks =
       cond do
-        opts[:lazy_transfers] == :always -> Map.put(lowered.hook_sites, :lazy, true)
-        lowered.chain? -> lowered.hook_sites
-        true -> nil
+        opts[:lazy_transfers] == :always ->
+          Map.put(lowered.hook_sites, :lazy, lazy_variants(key, expr, vars, opts))
+
+        lowered.chain? ->
+          lowered.hook_sites
+
+        true ->
+          nil
       end
 
     if callbacks, do: EXLA.NIF.unwrap!(EXLA.NIF.callback_install(client.ref))
@@ -272,8 +277,42 @@ defmodule EXLA.Defn do
     EXLA.Defn.Lowering.to_mlir(expr, input_shapes,
       precision: opts[:precision],
       hooks: opts[:hooks] || %{},
-      lazy_inputs: opts[:lazy_transfers] == :always
+      lazy_inputs: lazy_inputs(vars, opts)
     )
+  end
+
+  # With lazy transfers, every input but the :device_inputs (an internal
+  # option of lazy variants) is fetched lazily.
+  defp lazy_inputs(vars, opts) do
+    if opts[:lazy_transfers] == :always do
+      device = opts[:device_inputs] || []
+      count = length(Composite.flatten_list(vars))
+      Enum.reject(0..(count - 1)//1, &(&1 in device))
+    else
+      false
+    end
+  end
+
+  # The program of a lazy call depends on which inputs are already on a
+  # device: those are parameters, the others are fetched when needed. The
+  # first program takes no parameters (`device: []`); `variant` gives the
+  # program for other device inputs (compiled once per list, and cached
+  # like the first one).
+  defp lazy_variants(key, expr, vars, opts) do
+    variant = fn device ->
+      opts = Keyword.put(opts, :device_inputs, device)
+      build = fn -> compile_expr(key, expr, vars, opts) end
+
+      if opts[:cache] do
+        case LockedCache.run({:lazy_variant, key, vars_key(vars), opts}, build) do
+          {_miss_or_hit, compiled} -> compiled
+        end
+      else
+        build.()
+      end
+    end
+
+    %{device: opts[:device_inputs] || [], variant: variant}
   end
 
   @doc false
@@ -314,7 +353,7 @@ defmodule EXLA.Defn do
         precision: :default,
         cache: true,
         debug: false,
-        lazy_transfers: :never
+        lazy_transfers: :opt_in
       ])
 
     client_name = opts[:client] || EXLA.Client.default_name()
@@ -362,7 +401,7 @@ defmodule EXLA.Defn do
     build.(outputs)
   end
 
-  defp run_one(%Compiled{exe: exe, build: build, callbacks: %{lazy: true} = sites} = c, args) do
+  defp run_one(%Compiled{callbacks: %{lazy: lazy}} = c, args) do
     inputs = List.to_tuple(args)
     shapes = List.to_tuple(c.input_shapes)
 
@@ -372,8 +411,17 @@ defmodule EXLA.Defn do
               "got: #{tuple_size(inputs)}"
     end
 
+    # Inputs already on a device are passed as parameters.
+    resident = Enum.map(args, &resident/1)
+    device = for {%T{}, i} <- Enum.with_index(resident), do: i
+    c = if device == lazy.device, do: c, else: lazy.variant.(device)
+
+    buffers =
+      for {%T{} = tensor, i} <- Enum.with_index(resident),
+          do: tensor |> to_buffer(elem(shapes, i), c) |> on_device(c)
+
     fetch = fn i -> lazy_binary(elem(inputs, i), elem(shapes, i)) end
-    build.(EXLA.Defn.Hooks.run(exe, [], sites, [], fetch))
+    c.build.(EXLA.Defn.Hooks.run(c.exe, buffers, c.callbacks, [], fetch))
   end
 
   defp run_one(%Compiled{exe: exe, build: build, callbacks: sites} = compiled, args) do
@@ -384,6 +432,20 @@ defmodule EXLA.Defn do
 
     build.(EXLA.Defn.Hooks.run(exe, buffers, sites))
   end
+
+  # The EXLA tensor a lazy input already is, or nil. Nx hands lazy inputs
+  # as functions; only those of Nx.Tensor's Nx.LazyContainer implementation
+  # are called here (they return a tensor that already exists), so other
+  # lazy containers are only built when the program needs them.
+  defp resident(fun) when is_function(fun, 0) do
+    case Function.info(fun, :module) do
+      {:module, Nx.LazyContainer.Nx.Tensor} -> resident(fun.())
+      _ -> nil
+    end
+  end
+
+  defp resident(%T{data: %EXLA.Backend{}} = tensor), do: tensor
+  defp resident(_arg), do: nil
 
   # The binary of a lazy input, read when the program asks for it.
   defp lazy_binary(fun, shape) when is_function(fun, 0), do: lazy_binary(fun.(), shape)

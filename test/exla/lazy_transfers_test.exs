@@ -99,11 +99,75 @@ defmodule EXLA.LazyTransfersTest do
     assert_same(compiled.(Nx.tensor([1.0, 2.0]), Nx.tensor([3.0, 4.0])), Nx.tensor([5.0, 8.0]))
   end
 
-  test "inputs on the device are read when needed" do
+  test "inputs on the device are parameters, never read back to the host" do
     a = Nx.tensor([1, 2, 3], backend: EXLA.Backend)
     b = Nx.tensor([4, 5, 6], backend: EXLA.Backend)
     assert_same(lazy(&affine/2).(a, b), Nx.tensor([6, 9, 12]))
-    assert transfers() == [{0, 24}, {1, 24}]
+    assert transfers() == []
+  end
+
+  test "device and host inputs in one call: only the host ones are fetched" do
+    fun = lazy(&affine/2)
+    device = Nx.tensor([1.0, 2.0, 3.0], backend: EXLA.Backend)
+    host = Nx.tensor([0.5, 0.25, 0.125], backend: Nx.BinaryBackend)
+
+    assert_same(fun.(device, host), eager(&affine/2, [device, host]))
+    assert transfers() == [{1, 12}]
+    assert_same(fun.(host, device), eager(&affine/2, [host, device]))
+    assert transfers() == [{0, 12}]
+
+    # The same function with every input on the host, then on the device.
+    assert_same(fun.(host, host), eager(&affine/2, [host, host]))
+    assert transfers() == [{0, 12}, {1, 12}]
+    assert_same(fun.(device, device), eager(&affine/2, [device, device]))
+    assert transfers() == []
+
+    # The device input's buffer is used as is: it stays valid and unchanged.
+    assert Nx.to_flat_list(device) == [1.0, 2.0, 3.0]
+  end
+
+  test "a host input is fetched only when the taken branch needs it" do
+    fun = lazy(&pick/3)
+    a = Nx.tensor([1, 2, 3], backend: EXLA.Backend)
+    b = Nx.tensor([10, 20, 30], backend: Nx.BinaryBackend)
+    p = Nx.tensor(1, backend: Nx.BinaryBackend)
+
+    assert_same(fun.(p, a, b), Nx.tensor([2, 3, 4]))
+    assert transfers() == [{0, 8}]
+    assert_same(fun.(-1, a, b), Nx.tensor([9, 19, 29]))
+    assert transfers() == [{0, 8}, {2, 24}]
+  end
+
+  test "device inputs with containers, loops, hooks and EXLA.compile" do
+    args = [{Nx.tensor([1, 2]), Nx.iota({2, 2}, type: :f32, backend: EXLA.Backend)}, %{scale: 3}]
+    assert_same(apply(lazy(&pair/2), args), eager(&pair/2, args))
+    assert transfers() |> Enum.map(&elem(&1, 0)) |> Enum.sort() == [0, 2]
+
+    n = Nx.tensor(3, backend: EXLA.Backend)
+    assert_same(lazy(&looped/2).(n, Nx.tensor([1.0, 2.0])), Nx.tensor([8.0, 16.0]))
+    assert transfers() == [{1, 8}]
+
+    test = self()
+    fun = lazy(&hooked/1, hooks: %{h: &send(test, {:hook, Nx.to_number(&1)})})
+    assert_same(fun.(Nx.tensor(2, backend: EXLA.Backend)), Nx.tensor(6))
+    assert_receive {:hook, 3}
+    assert transfers() == []
+
+    templates = [Nx.template({2}, :f32), Nx.template({2}, :f32)]
+    compiled = EXLA.compile(&affine/2, templates, lazy_transfers: :always)
+    device = Nx.tensor([1.0, 2.0], backend: EXLA.Backend)
+    assert_same(compiled.(device, Nx.tensor([3.0, 4.0])), Nx.tensor([5.0, 8.0]))
+    assert transfers() == [{1, 8}]
+  end
+
+  test "a lazy container that is not a tensor is only built when needed" do
+    test = self()
+    fun = lazy(&pick/3)
+    b = %EXLA.Test.LazyLoader{notify: test, tensor: Nx.tensor([10, 20, 30])}
+    assert_same(fun.(1, Nx.tensor([1, 2, 3], backend: EXLA.Backend), b), Nx.tensor([2, 3, 4]))
+    refute_received :loaded
+    assert_same(fun.(-1, Nx.tensor([1, 2, 3]), b), Nx.tensor([9, 19, 29]))
+    assert_received :loaded
   end
 
   test "an input not needed by the taken branch is never transferred" do
@@ -135,6 +199,19 @@ defmodule EXLA.LazyTransfersTest do
   end
 
   defn hooked(a), do: hook(a + 1, :h) * 2
+
+  test ":opt_in is the default, and like :never, it passes inputs up front" do
+    assert EXLA.Defn.validate_options!([])[:lazy_transfers] == :opt_in
+    device = Nx.tensor([1.0, 2.0], backend: EXLA.Backend)
+    host = Nx.tensor([3.0, 4.0], backend: Nx.BinaryBackend)
+
+    for opts <- [[], [lazy_transfers: :opt_in], [lazy_transfers: :never]] do
+      fun = EXLA.jit(&only_first/2, opts)
+      assert_same(fun.(device, host), Nx.tensor([2.0, 3.0]))
+      assert transfers() == []
+      refute EXLA.to_mlir_module(&only_first/2, [device, host], opts).mlir_module =~ "callback"
+    end
+  end
 
   test ":never and :opt_in pass inputs up front" do
     for mode <- [:never, :opt_in] do

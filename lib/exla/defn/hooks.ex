@@ -12,16 +12,23 @@ defmodule EXLA.Defn.Hooks do
   hooked tensors, and whose one result is the chain again. Every call takes
   the chain returned by the previous one, and `while` and `cond` carry it
   through their results, so hooks run in program order, also inside loops
-  and branches. A hook is active when the `:hooks` option or the hook itself
-  gives it a function; inactive hooks lower nothing.
+  and branches. A `while` whose condition has active hooks computes the
+  condition before the loop and at the end of its body, carrying the
+  predicate with the chain, so the condition's hooks are chained too and
+  run each time the condition is evaluated (once more than the body). A
+  hook is active when the `:hooks` option or the hook itself gives it a
+  function; inactive hooks lower nothing.
 
   ## Lazy inputs
 
-  With `lazy_transfers: :always`, the program's only parameter is the chain
-  and each used input is lowered by `lower_input/3` where it is first
-  needed: a site `{:input, index}` tells the caller which input to send,
-  and a receiving site waits for it (the caller answers with
-  `EXLA.NIF.callback_push/2` from its receive loop).
+  With `lazy_transfers: :always`, the inputs that are not on a device when
+  the function is called are not parameters: each one that is used is
+  lowered by `lower_input/3` where it is first needed: a site
+  `{:input, index}` tells the caller which input to send, and a receiving
+  site waits for it (the caller answers with `EXLA.NIF.callback_push/2`
+  from its receive loop). Inputs already on a device are parameters, before
+  the chain (see `lazy_layout/2`); `EXLA.Defn` compiles a program for each
+  set of device inputs a function is called with.
 
   ## Running
 
@@ -112,12 +119,57 @@ defmodule EXLA.Defn.Hooks do
   end
 
   @doc """
-  Lowers a lazy input: the value of input `index` of type `type`, requested
-  from the host at this point of the program. Two chained calls: a site
-  `{:input, index}` that tells the caller which input is needed, then a
-  receiving site (`:recv`) that waits for the caller's answer (a flag and
-  the tensor). Returns `{value, b}`.
+  The parameter layout of a program with lazy inputs. `types` has one MLIR
+  type per input and `lazy` is `true` (every input is lazy) or the list of
+  the indices of the lazy inputs; the other inputs stay parameters.
+
+  Returns `{parameter_types, layout}`: the types of the parameters (before
+  the chain) and a tuple with, per input, its type when it is lazy or
+  `{:parameter, position}` when it is a parameter.
   """
+  def lazy_layout(types, true), do: lazy_layout(types, Enum.to_list(0..(length(types) - 1)//1))
+
+  def lazy_layout(types, lazy) when is_list(lazy) do
+    lazy = MapSet.new(lazy)
+
+    {layout, params} =
+      types
+      |> Enum.with_index()
+      |> Enum.map_reduce([], fn {type, i}, params ->
+        if i in lazy,
+          do: {type, params},
+          else: {{:parameter, length(params)}, [type | params]}
+      end)
+
+    {Enum.reverse(params), List.to_tuple(layout)}
+  end
+
+  @doc """
+  The inputs of a lowering with lazy inputs: `layout` from `lazy_layout/2`
+  with each parameter's position replaced by its value in `args`.
+  """
+  def lazy_inputs(layout, args) do
+    args = List.to_tuple(args)
+
+    layout
+    |> Tuple.to_list()
+    |> Enum.map(fn
+      {:parameter, position} -> elem(args, position)
+      type -> type
+    end)
+    |> List.to_tuple()
+  end
+
+  @doc """
+  Lowers input `index` of a program with lazy inputs. `input` is its entry
+  in `lazy_inputs/2`: the parameter's value, returned as is, or the type of
+  a lazy input, whose value is requested from the host at this point of the
+  program. Two chained calls: a site `{:input, index}` that tells the
+  caller which input is needed, then a receiving site (`:recv`) that waits
+  for the caller's answer (a flag and the tensor). Returns `{value, b}`.
+  """
+  def lower_input(b, _index, %EXLA.MLIR.Value{} = input), do: {input, b}
+
   def lower_input(b, index, type) do
     {[], b} = emit(b, {:input, index}, [])
     {[_flag, value], b} = emit(b, :recv, [], [{{:u, 8}, {}}, type])
