@@ -59,6 +59,112 @@ defmodule EXLA.HooksTest do
     assert msgs == [step: 1, step: 2, step: 3, after: 30]
   end
 
+  defn checked(n) do
+    {i, _} =
+      while {i = 0, n}, hook(i, :check) < hook(n, :limit) do
+        {hook(i + 1, :step), n}
+      end
+
+    hook(i * 10, :after)
+  end
+
+  defp numbers(msgs), do: Enum.map(msgs, fn {tag, t} -> {tag, Nx.to_number(t)} end)
+
+  test "hooks in a while condition run each time it is evaluated, in program order" do
+    hooks = Map.new([:check, :limit, :step, :after], &{&1, collect(&1)})
+    fun = EXLA.jit(&checked/1, hooks: hooks)
+    assert Nx.to_number(fun.(Nx.tensor(2))) == 20
+
+    assert numbers(received()) == [
+             check: 0,
+             limit: 2,
+             step: 1,
+             check: 1,
+             limit: 2,
+             step: 2,
+             check: 2,
+             limit: 2,
+             after: 20
+           ]
+
+    # A loop that never runs evaluates its condition (and its hooks) once.
+    assert Nx.to_number(fun.(Nx.tensor(0))) == 0
+    assert numbers(received()) == [check: 0, limit: 0, after: 0]
+  end
+
+  test "hooks in a while condition are chained, and only active ones cost anything" do
+    %{mlir_module: mlir} =
+      EXLA.to_mlir_module(&checked/1, [Nx.tensor(2)], hooks: %{check: collect(:check)})
+
+    # The condition region only reads the carried predicate; the hooked
+    # condition is computed before the loop and at the end of the body.
+    assert [_, cond_region | _] = String.split(mlir, "^bb0")
+    refute cond_region =~ "custom_call"
+    assert length(String.split(mlir, "exla_host_callback")) == 3
+
+    fun = EXLA.jit(&checked/1, hooks: %{check: collect(:check)})
+    assert Nx.to_number(fun.(Nx.tensor(3))) == 30
+    assert numbers(received()) == [check: 0, check: 1, check: 2, check: 3]
+
+    plain = EXLA.to_mlir_module(&checked/1, [Nx.tensor(2)]).mlir_module
+    refute plain =~ "exla_host_callback"
+  end
+
+  defn nested_checks(n) do
+    {_, total, _} =
+      while {i = 0, total = 0, n}, i < n do
+        {j, total, _} =
+          while {j = 0, total, i}, hook(j, :inner) <= i do
+            {j + 1, total + 1, i}
+          end
+
+        {hook(i + 1, :outer), total + j, n}
+      end
+
+    total
+  end
+
+  test "condition hooks of a nested while run in the reference's order" do
+    hooks = %{inner: collect(:in), outer: collect(:out)}
+    fun = EXLA.jit(&nested_checks/1, hooks: hooks)
+    assert Nx.to_number(fun.(Nx.tensor(2))) == 6
+    exla = numbers(received())
+
+    reference = Nx.Defn.jit(&nested_checks/1, compiler: Nx.Defn.Evaluator, hooks: hooks)
+    assert Nx.to_number(reference.(Nx.tensor(2))) == 6
+    assert exla == numbers(received())
+
+    # The outer hook does not depend on the inner loop, so both run it first.
+    assert exla == [out: 1, in: 0, in: 1, out: 2, in: 0, in: 1, in: 2]
+  end
+
+  defn printed_condition(x) do
+    {x, _} =
+      while {x, i = 0}, print_value(i) < 2 do
+        {x * 2, i + 1}
+      end
+
+    x
+  end
+
+  test "print_value in a while condition prints every evaluation" do
+    out =
+      ExUnit.CaptureIO.capture_io(fn ->
+        assert Nx.to_flat_list(EXLA.jit(&printed_condition/1).(Nx.tensor([1.5]))) == [6.0]
+      end)
+
+    assert length(String.split(out, "#Nx.Tensor<")) == 4
+    assert out =~ ~r/0\n.*1\n.*2\n/s
+  end
+
+  test "a condition hook that raises is re-raised and nothing is left behind" do
+    fun = EXLA.jit(&checked/1, hooks: %{limit: fn _ -> raise "bad limit" end})
+    assert_raise RuntimeError, "bad limit", fn -> fun.(Nx.tensor(1000)) end
+    assert received() == []
+    Process.sleep(50)
+    assert EXLA.NIF.callback_session_count() == 0
+  end
+
   defn branching(x) do
     y =
       if x > 0 do
