@@ -73,7 +73,9 @@ defmodule EXLA.Defn.Lowering do
 
     * `:lazy_inputs` - when `true`, the module takes only the chain and
       requests each used input from the host where it is first needed
-      (see `EXLA.Defn.Hooks.lower_input/3`). Defaults to `false`
+      (see `EXLA.Defn.Hooks.lower_input/3`); when a list of input indices,
+      only those inputs are requested and the others stay parameters
+      (before the chain). Defaults to `false`
 
   The result's `:chain?` tells whether the module takes a chain.
   """
@@ -89,10 +91,14 @@ defmodule EXLA.Defn.Lowering do
     arg_types = Enum.map(input_shapes, fn shape -> {shape.dtype, shape.dims} end)
     # With active hooks, the program takes the host-callback chain last.
     hooks = opts[:hooks]
-    lazy? = opts[:lazy_inputs] == true
+    lazy? = opts[:lazy_inputs] not in [false, nil]
     chain? = lazy? or (hooks != nil and EXLA.Defn.Hooks.active?(output_expr, hooks))
     # Lazy inputs are not parameters: the parameter tuple holds their types.
-    {arg_types, lazy} = if lazy?, do: {[], List.to_tuple(arg_types)}, else: {arg_types, nil}
+    {arg_types, lazy} =
+      if lazy?,
+        do: EXLA.Defn.Hooks.lazy_layout(arg_types, opts[:lazy_inputs]),
+        else: {arg_types, nil}
+
     arg_types = if chain?, do: arg_types ++ [EXLA.Defn.Hooks.chain_type()], else: arg_types
 
     assigns = %{
@@ -113,7 +119,7 @@ defmodule EXLA.Defn.Lowering do
         arg_types,
         fn b, args ->
           {args, chain} = if chain?, do: Enum.split(args, -1), else: {args, [nil]}
-          params = if lazy, do: lazy, else: List.to_tuple(args)
+          params = if lazy, do: EXLA.Defn.Hooks.lazy_inputs(lazy, args), else: List.to_tuple(args)
           b = assign(b, params: params, chain: hd(chain))
 
           Enum.map_reduce(outputs, b, fn t, b ->
@@ -362,32 +368,14 @@ defmodule EXLA.Defn.Lowering do
 
   defp lower_op(:while, %T{data: %Expr{args: [initial, _arg, condition, block]}}, b) do
     {inits, b} = lower_container(initial, b)
-    # The hook chain, if any, is carried as the last loop value.
     chain = b.assigns.chain
-    inits = if chain, do: inits ++ [chain], else: inits
-    types = Enum.map(inits, & &1.type)
 
-    {cond_region, b} =
-      region(b, types, :isolated, fn b, _args ->
-        {v, b} = lower_value(condition, b)
-        {pred, b} = to_pred(b, v)
-        {[pred], b}
-      end)
-
-    {body_region, b} =
-      region(b, types, :isolated, fn b, args ->
-        b = if chain, do: assign(b, chain: List.last(args)), else: b
-        {values, b} = lower_container(block, b)
-
-        {values, b} =
-          Enum.zip(values, types)
-          |> Enum.map_reduce(b, fn {v, {elem, _}}, b -> Ops.convert(b, v, elem) end)
-
-        {with_chain(values, b), b}
-      end)
-
-    {results, b} = Ops.while(b, inits, cond_region, body_region)
-    {results, b} = take_chain(results, chain, b)
+    {results, b} =
+      if chain && EXLA.Defn.Hooks.active?(condition, b.assigns.hooks) do
+        lower_hooked_while(inits, condition, block, b)
+      else
+        lower_while(inits, condition, block, b)
+      end
 
     case initial do
       %T{} -> {hd(results), b}
@@ -455,6 +443,81 @@ defmodule EXLA.Defn.Lowering do
       {_values, b} = lower_container(hook.expr, b)
       b
     end
+  end
+
+  # The hook chain, if any, is carried as the last loop value.
+  defp lower_while(inits, condition, block, b) do
+    chain = b.assigns.chain
+    inits = if chain, do: inits ++ [chain], else: inits
+    types = Enum.map(inits, & &1.type)
+
+    {cond_region, b} =
+      region(b, types, :isolated, fn b, _args ->
+        {pred, b} = lower_pred(condition, b)
+        {[pred], b}
+      end)
+
+    {body_region, b} =
+      region(b, types, :isolated, fn b, args ->
+        b = if chain, do: assign(b, chain: List.last(args)), else: b
+        {values, b} = lower_body(block, types, b)
+        {with_chain(values, b), b}
+      end)
+
+    {results, b} = Ops.while(b, inits, cond_region, body_region)
+    take_chain(results, chain, b)
+  end
+
+  # A condition with active hooks must take the chain and hand it on, which
+  # a while's condition region cannot (it returns only the predicate). So
+  # the condition is lowered once before the loop and again at the end of
+  # the body, for the next iteration's values; the loop carries the chain
+  # and that predicate, and its condition region just reads the predicate.
+  # The condition's hooks run as often, and in the same order relative to
+  # the body's, as the condition is evaluated.
+  defp lower_hooked_while(inits, condition, block, b) do
+    {pred, b} = lower_condition(condition, inits, b)
+    state = inits ++ [b.assigns.chain, pred]
+    types = Enum.map(state, & &1.type)
+
+    {cond_region, b} = region(b, types, :isolated, fn b, args -> {[List.last(args)], b} end)
+
+    {body_region, b} =
+      region(b, types, :isolated, fn b, args ->
+        b = assign(b, chain: Enum.at(args, -2))
+        {values, b} = lower_body(block, types, b)
+        {pred, b} = lower_condition(condition, values, b)
+        {values ++ [b.assigns.chain, pred], b}
+      end)
+
+    {results, b} = Ops.while(b, state, cond_region, body_region)
+    {results, [chain, _pred]} = Enum.split(results, -2)
+    {results, assign(b, chain: chain)}
+  end
+
+  # Lowers `condition` on `values` (the loop state) to an i1 predicate,
+  # keeping the chain its hooks leave.
+  defp lower_condition(condition, values, b) do
+    {{pred, chain}, b} =
+      isolated_scope(b, values, fn b ->
+        {pred, b} = lower_pred(condition, b)
+        {{pred, b.assigns.chain}, b}
+      end)
+
+    {pred, assign(b, chain: chain)}
+  end
+
+  defp lower_pred(condition, b) do
+    {v, b} = lower_value(condition, b)
+    to_pred(b, v)
+  end
+
+  # Lowers a loop body, converting each value to its loop type.
+  defp lower_body(block, types, b) do
+    {values, b} = lower_container(block, b)
+
+    Enum.zip(values, types)
+    |> Enum.map_reduce(b, fn {v, {elem, _}}, b -> Ops.convert(b, v, elem) end)
   end
 
   # The hook chain is carried as the last result of while and cond.
