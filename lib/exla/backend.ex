@@ -37,6 +37,15 @@ defmodule EXLA.Backend do
   `Nx.backend_deallocate/1` frees the device memory at once; using the
   tensor afterwards raises an error.
 
+  ## Numerics
+
+  Results follow `Nx.BinaryBackend`'s: `Nx.dot/2`, convolutions, sums and
+  products of floats narrower than 64 bits (and of c64) accumulate in
+  double precision and are rounded once, and `Nx.LinAlg.eigh/2` and
+  `Nx.LinAlg.lu/2` use the reference's algorithms, in double precision.
+  Code compiled with `EXLA.jit/2` keeps XLA's native accumulation, which
+  is faster on large tensors.
+
   ## Examples
 
       iex> t = Nx.tensor([1, 2, 3], backend: EXLA.Backend)
@@ -295,7 +304,6 @@ defmodule EXLA.Backend do
     indexed_add: 4,
     indexed_put: 4,
     lu: 2,
-    triangular_solve: 3,
     fft: 2,
     ifft: 2
   ]
@@ -309,6 +317,39 @@ defmodule EXLA.Backend do
     def unquote(op)(out, unquote_splicing(args)) do
       jit(unquote(op), out, unquote(args), nil)
     end
+  end
+
+  # Nx.BinaryBackend's algorithm (see EXLA.Defn.Lowering.Eigh). Defined as
+  # a callback so that complex input works too: Nx's default expression
+  # gives real eigenvalues, which Nx rejects for a complex template.
+  @impl true
+  def eigh({vals, vecs} = out, tensor, opts) do
+    buffers =
+      run_expr(:eigh, out, [tensor, opts], nil, fn _template, [t, opts] ->
+        {v, q} = EXLA.Defn.Lowering.Eigh.eigh(t, opts)
+        {Nx.as_type(v, vals.type), Nx.as_type(q, vecs.type)}
+      end)
+
+    attach(out, buffers)
+  end
+
+  # Like Nx.BinaryBackend, raises for a zero on the diagonal of `a`: the
+  # program also returns whether there is one, and that byte is read back.
+  @impl true
+  def triangular_solve(out, a, b, opts) do
+    [result, singular] =
+      run_expr(:triangular_solve, out, [a, b, opts], nil, fn template, [a, b, opts] ->
+        zero_on_diagonal = Nx.logical_and(Nx.equal(a, 0), Nx.eye(Nx.shape(a), type: :u8))
+        {Nx.Defn.Expr.triangular_solve(template, a, b, opts), Nx.any(zero_on_diagonal)}
+      end)
+
+    if EXLA.DeviceBuffer.read(singular) == <<1>> do
+      EXLA.DeviceBuffer.deallocate(result)
+      raise ArgumentError, "can't solve for singular matrix"
+    end
+
+    EXLA.DeviceBuffer.deallocate(singular)
+    attach(out, [result])
   end
 
   @impl true
@@ -334,9 +375,21 @@ defmodule EXLA.Backend do
   # key replaces every tensor in `args` by its type and shape, so it holds
   # the static arguments (axes, options, functions) as they are.
   defp jit(op, out, args, place) do
+    buffers =
+      run_expr(op, out, args, place, fn template, filled ->
+        apply(Nx.Defn.Expr, op, [template | filled])
+      end)
+
+    attach(out, buffers)
+  end
+
+  # Compiles (once per key) the expression `build.(template, args)` gives,
+  # with the tensors in `args` as parameters, runs it and returns the
+  # output buffers. `name` identifies `build` in the cache key.
+  defp run_expr(name, out, args, place, build) do
     {skeleton, {tensors, found}} = scan(args, {[], nil}, false)
     {client_name, device_id} = place || found || default_place()
-    key = {__MODULE__, op, out_key(out), skeleton, client_name, device_id}
+    key = {__MODULE__, name, out_key(out), skeleton, client_name, device_id}
     tensors = Enum.reverse(tensors)
 
     compiled =
@@ -344,21 +397,21 @@ defmodule EXLA.Backend do
         nil ->
           template = out_template(out)
 
-          compile(key, op, tensors, client_name, device_id, fn params ->
+          compile(key, name, tensors, client_name, device_id, fn params ->
             {filled, []} = fill(skeleton, params)
-            apply(Nx.Defn.Expr, op, [template | filled])
+            build.(template, filled)
           end)
 
         compiled ->
           compiled
       end
 
-    attach(out, EXLA.Defn.__run_buffers__(compiled, tensors))
+    EXLA.Defn.__run_buffers__(compiled, tensors)
   end
 
   defp compile(key, name, tensors, client_name, device_id, build) do
     templates = Enum.map(tensors, &Nx.to_template/1)
-    opts = [client: client_name, device_id: device_id]
+    opts = [client: client_name, device_id: device_id, wide_accumulation: true]
     %Compiled{} = EXLA.Defn.__compile_op__(key, name, templates, build, opts)
   end
 

@@ -77,10 +77,24 @@ defmodule EXLA.Defn.Lowering do
       only those inputs are requested and the others stay parameters
       (before the chain). Defaults to `false`
 
+    * `:wide_accumulation` - when `true`, `dot`, `conv`, `sum`, `product`,
+      `window_sum` and `window_product` of floats narrower than 64 bits
+      (and of c64) accumulate in f64 (c128) and round once, as
+      `Nx.BinaryBackend` does. `EXLA.Backend` sets it so that its results
+      match Nx's reference; compiled defn keeps XLA's native accumulation.
+      Defaults to `false`
+
   The result's `:chain?` tells whether the module takes a chain.
   """
   def to_mlir(output_expr, input_shapes, opts \\ []) do
-    opts = Keyword.validate!(opts, [:hooks, precision: :default, lazy_inputs: false])
+    opts =
+      Keyword.validate!(opts, [
+        :hooks,
+        precision: :default,
+        lazy_inputs: false,
+        wide_accumulation: false
+      ])
+
     precision = opts[:precision] || :default
 
     unless precision in [:default, :high, :highest] do
@@ -110,7 +124,8 @@ defmodule EXLA.Defn.Lowering do
       hooks: hooks || %{},
       chain: nil,
       hook_sites: [],
-      lazy: lazy
+      lazy: lazy,
+      wide: opts[:wide_accumulation] == true
     }
 
     {text, b} =
@@ -234,6 +249,18 @@ defmodule EXLA.Defn.Lowering do
   ## Basic helpers
 
   @doc false
+  # The type in which `dot`, `conv` and sums of `type` accumulate.
+  def accumulation_type(%{assigns: %{wide: true}}, type), do: wide_type(type)
+  def accumulation_type(_b, type), do: type
+
+  @doc false
+  # f64 (c128) for the narrower floats (complex), otherwise `type` itself.
+  def wide_type({:f, size}) when size < 64, do: {:f, 64}
+  def wide_type({:bf, 16}), do: {:f, 64}
+  def wide_type({:c, 64}), do: {:c, 128}
+  def wide_type(type), do: type
+
+  @doc false
   def broadcast(b, %Value{type: {_, dims}} = v, dims), do: {v, b}
 
   def broadcast(b, %Value{type: {_, in_dims}} = v, dims) do
@@ -348,6 +375,26 @@ defmodule EXLA.Defn.Lowering do
 
   defp lower_op(:fun, _t, _b) do
     raise ArgumentError, "anonymous functions can only be lowered as arguments of other ops"
+  end
+
+  # eigh follows Nx.BinaryBackend's algorithm (see EXLA.Defn.Lowering.Eigh)
+  # rather than Nx's default expression, which converges elsewhere.
+  defp lower_op(
+         :optional,
+         %T{data: %Expr{args: [%{data: %Expr{op: :eigh}} = call, default, _]}},
+         b
+       ) do
+    [tensor, opts] = call.data.args
+    {x, b} = lower_value(tensor, b)
+    expr = EXLA.Defn.Lowering.Eigh.expr(Nx.template(dims(tensor), tensor.type), opts)
+    {values, b} = isolated_scope(b, [x], &lower_container(expr, &1))
+    {vals_t, vecs_t} = default
+
+    {values, b} =
+      Enum.zip(values, [vals_t, vecs_t])
+      |> Enum.map_reduce(b, fn {v, t}, b -> Ops.convert(b, v, t.type) end)
+
+    {{:tuple, values}, b}
   end
 
   defp lower_op(:optional, %T{data: %Expr{args: [call, default, _callback]}}, b) do

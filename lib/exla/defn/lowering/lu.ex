@@ -46,9 +46,12 @@ defmodule EXLA.Defn.Lowering.LU do
         pivot = Nx.broadcast(Nx.new_axis(Nx.take(row, k, axis: -1), -1), col)
         inf = Nx.select(real_part(col) >= 0, Nx.Constants.infinity(), Nx.Constants.neg_infinity())
         factors = Nx.select(pivot == 0, inf, col / Nx.select(pivot == 0, 1, pivot))
-        factors = Nx.select(row_ids > k, flush(factors, eps), 0)
-        u = u - Nx.new_axis(factors, -1) * Nx.new_axis(row, -2)
-        {k + 1, u, l + Nx.new_axis(factors, -1) * (col_ids == k)}
+        below = Nx.broadcast(Nx.new_axis(row_ids > k, -1), u)
+        factors = Nx.new_axis(flush(factors, eps), -1)
+        # selects, not masks: an infinite factor (zero pivot) times a zero
+        # mask would put NaN where the reference leaves entries alone
+        u = Nx.select(below, u - factors * Nx.new_axis(row, -2), u)
+        {k + 1, u, Nx.select(below and col_ids == k, Nx.broadcast(factors, l), l)}
       end
 
     rows = Nx.iota({n, n}, axis: 0)
