@@ -198,7 +198,9 @@ defmodule EXLA.Defn do
   end
 
   defp compile(key, cache_key, vars, fun, opts) do
-    opts = validate_options!(opts)
+    # :wide_accumulation is internal (EXLA.Backend's ops), not a jit option
+    {internal, opts} = Keyword.split(opts, [:wide_accumulation])
+    opts = validate_options!(opts) ++ internal
     build = fn -> build(key, vars, fun, opts) end
 
     if opts[:cache] do
@@ -277,7 +279,8 @@ defmodule EXLA.Defn do
     EXLA.Defn.Lowering.to_mlir(expr, input_shapes,
       precision: opts[:precision],
       hooks: opts[:hooks] || %{},
-      lazy_inputs: lazy_inputs(vars, opts)
+      lazy_inputs: lazy_inputs(vars, opts),
+      wide_accumulation: opts[:wide_accumulation] == true
     )
   end
 

@@ -24,6 +24,9 @@ defmodule EXLA.Defn.Lowering.ElementWise do
     left_shift: "stablehlo.shift_left"
   }
 
+  # computed in f64 for narrower floats under wide accumulation
+  @wide_arith [:pow, :atan2, :remainder]
+
   @compare %{
     equal: "EQ",
     not_equal: "NE",
@@ -89,8 +92,10 @@ defmodule EXLA.Defn.Lowering.ElementWise do
   def ops, do: @ops
 
   def lower(op, %T{data: %Expr{args: [x, y]}} = t, b) when is_map_key(@arith, op) do
-    {x, y, b} = binary_args(x, y, t.type, dims(t), b)
-    Ops.binary(b, @arith[op], x, y)
+    work = if op in @wide_arith, do: accumulation_type(b, t.type), else: t.type
+    {x, y, b} = binary_args(x, y, work, dims(t), b)
+    {v, b} = Ops.binary(b, @arith[op], x, y)
+    Ops.convert(b, v, t.type)
   end
 
   def lower(:right_shift, %T{data: %Expr{args: [x, y]}} = t, b) do
@@ -169,9 +174,13 @@ defmodule EXLA.Defn.Lowering.ElementWise do
     {r, b}
   end
 
+  # With wide accumulation (EXLA.Backend) the math functions of narrow
+  # floats are computed in f64 and rounded once, as Nx.BinaryBackend does
+  # with Erlang floats; XLA's f32 approximations can be an ulp away.
   def lower(op, %T{data: %Expr{args: [x]}} = t, b) when is_map_key(@float_unary, op) do
-    {x, b} = lower_as(x, t.type, b)
-    Ops.unary(b, @float_unary[op], x)
+    {x, b} = lower_as(x, accumulation_type(b, t.type), b)
+    {v, b} = Ops.unary(b, @float_unary[op], x)
+    Ops.convert(b, v, t.type)
   end
 
   def lower(op, %T{data: %Expr{args: [x]}} = t, b) when is_map_key(@same_type_unary, op) do
@@ -183,8 +192,12 @@ defmodule EXLA.Defn.Lowering.ElementWise do
     {x, b} = lower_as(x, t.type, b)
 
     case t.type do
-      {kind, _} when kind in [:s, :u] -> {x, b}
-      _ -> Ops.unary(b, @rounding[op], x)
+      {kind, _} when kind in [:s, :u] ->
+        {x, b}
+
+      type ->
+        {v, b} = Ops.unary(b, @rounding[op], x)
+        if b.assigns.wide and op == :round, do: unsigned_zero(b, v, type), else: {v, b}
     end
   end
 
@@ -305,6 +318,16 @@ defmodule EXLA.Defn.Lowering.ElementWise do
     {max, b} = lower_as(max, t.type, b, dims)
     Ops.clamp(b, min, x, max)
   end
+
+  # Nx.BinaryBackend rounds through Erlang integers, so a zero result of
+  # round (round(-0.3), round(-0.0)) is +0.0 where XLA gives -0.0.
+  defp unsigned_zero(b, v, {:f, _} = type) do
+    {zero, b} = const(b, type, 0, elem(v.type, 1))
+    {is_zero, b} = Ops.compare(b, "EQ", v, zero)
+    Ops.select(b, is_zero, zero, v)
+  end
+
+  defp unsigned_zero(b, v, _type), do: {v, b}
 
   defp binary_args(x, y, type, dims, b) do
     {x, b} = lower_as(x, type, b, dims)

@@ -12,32 +12,38 @@ defmodule EXLA.Defn.Lowering.LinAlg do
   def ops, do: @ops
 
   def lower(:dot, %T{data: %Expr{args: [x, c1, b1, y, c2, b2]}} = t, b) do
-    {x, b} = lower_as(x, t.type, b)
-    {y, b} = lower_as(y, t.type, b)
-    Ops.dot_general(b, x, y, type_of(t), {b1, c1, b2, c2}, b.assigns.precision)
+    acc = accumulation_type(b, t.type)
+    {x, b} = lower_as(x, acc, b)
+    {y, b} = lower_as(y, acc, b)
+    {v, b} = Ops.dot_general(b, x, y, {acc, dims(t)}, {b1, c1, b2, c2}, b.assigns.precision)
+    Ops.convert(b, v, t.type)
   end
 
   def lower(:conv, %T{data: %Expr{args: [input, kernel, opts]}} = t, b) do
-    {input, b} = lower_as(input, t.type, b)
-    {kernel, b} = lower_as(kernel, t.type, b)
+    acc = accumulation_type(b, t.type)
+    {input, b} = lower_as(input, acc, b)
+    {kernel, b} = lower_as(kernel, acc, b)
     rank = tuple_size(dims(t))
     spatial = rank - 2
     ones = List.duplicate(1, spatial)
 
-    Ops.convolution(b, input, kernel, type_of(t),
-      layouts: {
-        layout(opts[:input_permutation], rank, "b", "f"),
-        layout(opts[:kernel_permutation], rank, "o", "i"),
-        layout(opts[:output_permutation], rank, "b", "f")
-      },
-      strides: opts[:strides] || ones,
-      padding: opts[:padding] || List.duplicate({0, 0}, spatial),
-      lhs_dilation: opts[:input_dilation] || ones,
-      rhs_dilation: opts[:kernel_dilation] || ones,
-      feature_group_count: opts[:feature_group_size] || 1,
-      batch_group_count: opts[:batch_group_size] || 1,
-      precision: b.assigns.precision
-    )
+    {v, b} =
+      Ops.convolution(b, input, kernel, {acc, dims(t)},
+        layouts: {
+          layout(opts[:input_permutation], rank, "b", "f"),
+          layout(opts[:kernel_permutation], rank, "o", "i"),
+          layout(opts[:output_permutation], rank, "b", "f")
+        },
+        strides: opts[:strides] || ones,
+        padding: opts[:padding] || List.duplicate({0, 0}, spatial),
+        lhs_dilation: opts[:input_dilation] || ones,
+        rhs_dilation: opts[:kernel_dilation] || ones,
+        feature_group_count: opts[:feature_group_size] || 1,
+        batch_group_count: opts[:batch_group_size] || 1,
+        precision: b.assigns.precision
+      )
+
+    Ops.convert(b, v, t.type)
   end
 
   def lower(op, %T{data: %Expr{args: [x, opts]}} = t, b) when op in [:fft, :ifft] do
@@ -76,7 +82,7 @@ defmodule EXLA.Defn.Lowering.LinAlg do
   # same (correctly rounded) answers instead of XLA's f32 reciprocal-multiply
   # rounding.
   def lower(:triangular_solve, %T{data: %Expr{args: [a, x, opts]}} = t, b) do
-    work = solve_type(t.type)
+    work = wide_type(t.type)
     {a, b} = lower_as(a, work, b)
     {x, b} = lower_as(x, work, b)
     {_, a_dims} = a.type
@@ -110,11 +116,6 @@ defmodule EXLA.Defn.Lowering.LinAlg do
     {v, b} = if vector?, do: Ops.reshape(b, v, x_dims), else: {v, b}
     Ops.convert(b, v, t.type)
   end
-
-  defp solve_type({:f, size}) when size < 64, do: {:f, 64}
-  defp solve_type({:bf, 16}), do: {:f, 64}
-  defp solve_type({:c, 64}), do: {:c, 128}
-  defp solve_type(type), do: type
 
   # Nx permutations say where each logical axis (batch, feature, spatial...)
   # lives in the tensor: logical axis k is tensor axis perm[k].
