@@ -35,6 +35,15 @@ impl CompileOptions {
     /// computation_devices (3): { replica_device_ids (1) } }`): the ordinal
     /// alone does not move a single-replica program off device 0.
     pub fn encode(&self) -> Result<Vec<u8>> {
+        self.encode_with_overrides(&[])
+    }
+
+    /// Like `encode`, adding `env_option_overrides` (field 7, a map from an
+    /// XLA `DebugOptions` field name to an `OptionOverrideProto { oneof {
+    /// string_field (1), bool_field (2), int_field (3), double_field (4) } }`).
+    /// The plugin applies them on top of its default debug options (and
+    /// `XLA_FLAGS`); an unknown name fails the compilation.
+    pub fn encode_with_overrides(&self, overrides: &[(String, OptionOverride)]) -> Result<Vec<u8>> {
         if self.num_replicas < 1 || self.num_partitions < 1 {
             return Err(Error::invalid(format!(
                 "num_replicas and num_partitions must be at least 1, got {} and {}",
@@ -64,7 +73,43 @@ impl CompileOptions {
         }
         let mut out = Vec::with_capacity(build.len() + 4);
         put_bytes_field(&mut out, 3, &build);
+        for (name, value) in overrides {
+            if name.is_empty() {
+                return Err(Error::invalid("compile option names must not be empty"));
+            }
+            let mut entry = Vec::with_capacity(name.len() + 16);
+            put_bytes_field(&mut entry, 1, name.as_bytes());
+            put_bytes_field(&mut entry, 2, &value.encode());
+            put_bytes_field(&mut out, 7, &entry);
+        }
         Ok(out)
+    }
+}
+
+/// The value of one compile option override: an XLA `DebugOptions` field
+/// set by name for one compilation.
+#[derive(Debug, Clone, PartialEq)]
+pub enum OptionOverride {
+    String(String),
+    Bool(bool),
+    Int(i64),
+    Double(f64),
+}
+
+impl OptionOverride {
+    /// Encodes the `OptionOverrideProto` message.
+    fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::new();
+        match self {
+            OptionOverride::String(s) => put_bytes_field(&mut out, 1, s.as_bytes()),
+            OptionOverride::Bool(b) => put_int_field(&mut out, 2, i64::from(*b)),
+            OptionOverride::Int(i) => put_int_field(&mut out, 3, *i),
+            OptionOverride::Double(d) => {
+                put_varint(&mut out, (4 << 3) | 1);
+                out.extend_from_slice(&d.to_le_bytes());
+            }
+        }
+        out
     }
 }
 
@@ -113,6 +158,33 @@ mod tests {
             0x1A, 0x03, 0x0A, 0x01, 0x01,
         ];
         assert_eq!(options.encode().unwrap(), expected);
+    }
+
+    #[test]
+    fn encodes_option_overrides_as_map_entries() {
+        let overrides = [
+            ("a".to_string(), OptionOverride::Bool(false)),
+            ("bc".to_string(), OptionOverride::Int(300)),
+            ("d".to_string(), OptionOverride::String("x".into())),
+            ("e".to_string(), OptionOverride::Double(1.0)),
+        ];
+        let bytes = CompileOptions::default()
+            .encode_with_overrides(&overrides)
+            .unwrap();
+        let base = CompileOptions::default().encode().unwrap();
+        assert_eq!(&bytes[..base.len()], &base[..]);
+        let mut expected = vec![0x3A, 0x07, 0x0A, 0x01, b'a', 0x12, 0x02, 0x10, 0x00];
+        expected.extend([
+            0x3A, 0x09, 0x0A, 0x02, b'b', b'c', 0x12, 0x03, 0x18, 0xAC, 0x02,
+        ]);
+        expected.extend([0x3A, 0x08, 0x0A, 0x01, b'd', 0x12, 0x03, 0x0A, 0x01, b'x']);
+        expected.extend([0x3A, 0x0E, 0x0A, 0x01, b'e', 0x12, 0x09, 0x21]);
+        expected.extend(1.0f64.to_le_bytes());
+        assert_eq!(&bytes[base.len()..], &expected[..]);
+        let empty = [(String::new(), OptionOverride::Bool(true))];
+        assert!(CompileOptions::default()
+            .encode_with_overrides(&empty)
+            .is_err());
     }
 
     #[test]
