@@ -258,6 +258,60 @@ defmodule EXLA.ClientTest do
     end
   end
 
+  describe ":xla_options" do
+    test "are merged over the platform defaults and sent as compile overrides" do
+      host = Client.validate_options!(:a, platform: :host)
+      assert Client.xla_create_options(host) == [{"compile:xla_cpu_use_xnnpack", {:bool, false}}]
+
+      mine =
+        Client.validate_options!(:a,
+          platform: :host,
+          xla_options: [xla_cpu_use_xnnpack: true, xla_cpu_enable_fast_math: false]
+        )
+
+      assert Client.xla_create_options(mine) == [
+               {"compile:xla_cpu_enable_fast_math", {:bool, false}},
+               {"compile:xla_cpu_use_xnnpack", {:bool, true}}
+             ]
+
+      tpu = Client.validate_options!(:a, platform: :tpu, xla_options: %{"xla_dump_to" => "/tmp"})
+      assert Client.xla_create_options(tpu) == [{"compile:xla_dump_to", {:string, "/tmp"}}]
+    end
+
+    test "are validated" do
+      for bad <- [:yes, [xla_cpu_use_xnnpack: :maybe], [{"x", [1]}]] do
+        assert_raise ArgumentError, ~r/invalid :xla_options for EXLA client :a/, fn ->
+          Client.validate_options!(:a, platform: :host, xla_options: bad)
+        end
+      end
+    end
+
+    test "a known option compiles and runs; an unknown one fails each compilation cleanly" do
+      good = unique_name(:xla_options_good)
+      bad = unique_name(:xla_options_bad)
+
+      put_clients([
+        {good, [platform: :host, xla_options: [xla_cpu_enable_fast_math: false]]},
+        {bad, [platform: :host, xla_options: [xla_no_such_option: true]]}
+      ])
+
+      fun = fn x -> Nx.multiply(x, 2) end
+      x = Nx.tensor([1.0, 2.0])
+      assert Nx.to_flat_list(EXLA.jit(fun, client: good).(x)) == [2.0, 4.0]
+
+      assert %Client{} = Client.fetch!(bad)
+
+      for _ <- 1..2 do
+        assert_raise RuntimeError, ~r/xla_no_such_option/, fn ->
+          EXLA.jit(fun, client: bad).(x)
+        end
+      end
+
+      # the VM and the other clients carry on
+      assert Nx.to_flat_list(EXLA.jit(fun).(x)) == [2.0, 4.0]
+    end
+  end
+
   describe "XLA_FLAGS" do
     test "xla_flags_device_count/1 reads the host device count" do
       assert Client.xla_flags_device_count(nil) == nil
