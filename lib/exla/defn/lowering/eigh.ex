@@ -14,6 +14,7 @@ defmodule EXLA.Defn.Lowering.Eigh do
   # iterating when it converges, as it would on its own.
 
   import Nx.Defn
+  import EXLA.Defn.Lowering.Double, only: [as_work: 1, real_part: 1]
 
   @doc false
   def expr(%Nx.Tensor{} = template, opts) do
@@ -135,20 +136,6 @@ defmodule EXLA.Defn.Lowering.Eigh do
     case Nx.type(x) do
       {:c, _} -> Nx.conjugate(x)
       _ -> x
-    end
-  end
-
-  deftransformp real_part(x) do
-    case Nx.type(x) do
-      {:c, _} -> Nx.real(x)
-      _ -> x
-    end
-  end
-
-  deftransformp as_work(a) do
-    case Nx.type(a) do
-      {:c, _} -> Nx.as_type(a, {:c, 128})
-      _ -> Nx.as_type(a, {:f, 64})
     end
   end
 

@@ -13,6 +13,7 @@ defmodule EXLA.Defn.Lowering.LU do
   # and a zero pivot gives infinite multipliers.
 
   import Nx.Defn
+  import EXLA.Defn.Lowering.Double, only: [as_work: 1, real_part: 1]
 
   @doc false
   def expr(%Nx.Tensor{} = template, opts \\ []) do
@@ -63,20 +64,6 @@ defmodule EXLA.Defn.Lowering.LU do
   end
 
   defnp flush(x, eps), do: Nx.select(Nx.abs(x) < eps, 0, x)
-
-  deftransformp as_work(a) do
-    case Nx.type(a) do
-      {:c, _} -> Nx.as_type(a, {:c, 128})
-      _ -> Nx.as_type(a, {:f, 64})
-    end
-  end
-
-  deftransformp real_part(x) do
-    case Nx.type(x) do
-      {:c, _} -> Nx.real(x)
-      _ -> x
-    end
-  end
 
   deftransformp row_shape(a), do: Tuple.delete_at(Nx.shape(a), Nx.rank(a) - 1)
 end
