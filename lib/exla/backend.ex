@@ -131,16 +131,7 @@ defmodule EXLA.Backend do
   # so the options are validated here too.
   defp client_and_device!(opts) do
     opts = init(opts)
-    client = EXLA.Client.fetch!(opts[:client] || EXLA.Client.default_name())
-    device_id = opts[:device_id] || client.default_device_id
-
-    unless is_integer(device_id) and device_id >= 0 and device_id < client.device_count do
-      raise ArgumentError,
-            "invalid :device_id #{inspect(device_id)} for client #{inspect(client.name)} " <>
-              "with #{client.device_count} device(s)"
-    end
-
-    {client, device_id}
+    EXLA.Client.fetch_device!(opts[:client] || EXLA.Client.default_name(), opts[:device_id])
   end
 
   ## Transfers and lifetime

@@ -203,6 +203,22 @@ defmodule EXLA.Client do
               "EXLA installs with python3 and pip; see EXLA.Plugin to provide it yourself"
   end
 
+  @doc false
+  # The client named `name` and one of its devices (`device_id`, or the
+  # client's default device when nil); raises for a device it lacks.
+  def fetch_device!(name, device_id) do
+    client = fetch!(name)
+    device_id = device_id || client.default_device_id
+
+    unless is_integer(device_id) and device_id >= 0 and device_id < client.device_count do
+      raise ArgumentError,
+            "invalid :device_id #{inspect(device_id)} for client #{inspect(name)} " <>
+              "with #{client.device_count} device(s)"
+    end
+
+    {client, device_id}
+  end
+
   @doc """
   Fetches a client with the given `name` from configuration.
 

@@ -365,14 +365,7 @@ defmodule EXLA.Defn do
       raise ArgumentError, ":client must be an atom, got: #{inspect(client_name)}"
     end
 
-    client = EXLA.Client.fetch!(client_name)
-    device_id = opts[:device_id] || client.default_device_id
-
-    unless is_integer(device_id) and device_id >= 0 and device_id < client.device_count do
-      raise ArgumentError,
-            "invalid :device_id #{inspect(device_id)} for client #{inspect(client_name)} " <>
-              "with #{client.device_count} device(s)"
-    end
+    {_client, device_id} = EXLA.Client.fetch_device!(client_name, opts[:device_id])
 
     check_option!(opts, :precision, [:default, :high, :highest])
     check_option!(opts, :cache, [true, false])
