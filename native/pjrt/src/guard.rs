@@ -38,17 +38,21 @@ const WHAT_CAPACITY: usize = 1024;
 /// on every call would cost more than the call itself.
 type What = MaybeUninit<[u8; WHAT_CAPACITY]>;
 
-/// The error for an exception caught in `function`.
+/// `value` when the shim returned `status` 0; otherwise the error for the
+/// exception it caught in `function`.
 ///
 /// # Safety
-/// The shim must have written a message into `what`.
-unsafe fn thrown(function: &'static str, what: &What) -> Error {
+/// A non-zero `status` must mean the shim wrote a message into `what`.
+unsafe fn outcome<T>(status: c_int, function: &'static str, what: &What, value: T) -> Result<T> {
+    if status == 0 {
+        return Ok(value);
+    }
     // SAFETY: the shim always writes a terminated string when it catches.
     let what = unsafe { CStr::from_ptr(what.as_ptr().cast()) };
-    Error::PluginException {
+    Err(Error::PluginException {
         function,
         what: what.to_string_lossy().into_owned(),
-    }
+    })
 }
 
 /// Calls `f(args)`, a plugin function named `function` for errors.
@@ -74,12 +78,8 @@ pub(crate) unsafe fn call<A, R>(
             WHAT_CAPACITY,
         )
     };
-    if status == 0 {
-        Ok(result.cast())
-    } else {
-        // SAFETY: a non-zero status means the shim caught and wrote `what`.
-        Err(unsafe { thrown(function, &what) })
-    }
+    // SAFETY: the shim writes `what` whenever it reports a catch.
+    unsafe { outcome(status, function, &what, result.cast()) }
 }
 
 /// Calls `f(args)` for a plugin function that returns nothing.
@@ -101,12 +101,8 @@ pub(crate) unsafe fn call_void<A>(
             WHAT_CAPACITY,
         )
     };
-    if status == 0 {
-        Ok(())
-    } else {
-        // SAFETY: a non-zero status means the shim caught and wrote `what`.
-        Err(unsafe { thrown(function, &what) })
-    }
+    // SAFETY: as in `call`.
+    unsafe { outcome(status, function, &what, ()) }
 }
 
 /// Calls a plugin's `GetPjrtApi`.
@@ -125,12 +121,8 @@ pub(crate) unsafe fn get_api<T>(f: unsafe extern "C" fn() -> *const T) -> Result
             WHAT_CAPACITY,
         )
     };
-    if status == 0 {
-        Ok(result.cast())
-    } else {
-        // SAFETY: as in `call`.
-        Err(unsafe { thrown("GetPjrtApi", &what) })
-    }
+    // SAFETY: as in `call`.
+    unsafe { outcome(status, "GetPjrtApi", &what, result.cast()) }
 }
 
 #[cfg(test)]
