@@ -167,7 +167,8 @@ fn buffer_delete_dirty(buffer: ResourceArc<BufferResource>) -> NifResult<Atom> {
 /// Whether the data is computed; raises the computation's error if it failed.
 #[rustler::nif]
 fn buffer_ready(buffer: ResourceArc<BufferResource>) -> NifResult<bool> {
-    buffer.0.ensure_live()?;
+    // No liveness check first: the ready event of a deleted buffer carries
+    // that error, which `is_ready` reports as a deleted buffer.
     Ok(buffer.0.is_ready()?)
 }
 

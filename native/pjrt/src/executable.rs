@@ -225,11 +225,17 @@ impl LoadedExecutable {
     /// Runs on the executable's device. Only arguments whose positions are
     /// in `donatable` may be donated (when the program aliases them).
     pub fn execute(&self, args: &[&Buffer], donatable: &[usize]) -> Result<Vec<Buffer>> {
-        if self.devices.len() != 1 {
+        // The per-call path of every tiny program: one argument list, with
+        // no allocation beyond the two pointer arrays the plugin reads.
+        let [device] = self.devices[..] else {
             return Err(self.argument_lists_error(1));
-        }
-        let mut outputs = self.execute_on_devices(&[args], donatable)?;
-        Ok(outputs.pop().unwrap_or_default())
+        };
+        self.check_arguments(args, device)?;
+        let raw_args: Vec<*mut PJRT_Buffer> = args.iter().map(|b| b.raw()).collect();
+        let mut outputs = vec![std::ptr::null_mut(); self.output_shapes.len()];
+        self.launch(&[raw_args.as_ptr()], &[outputs.as_mut_ptr()], donatable)
+            .map_err(|e| deleted_or(e, args.iter().copied()))?;
+        Ok(self.wrap_outputs(outputs, device))
     }
 
     fn argument_lists_error(&self, given: usize) -> Error {
@@ -254,7 +260,6 @@ impl LoadedExecutable {
         for (args, device) in lists.iter().zip(&self.devices) {
             self.check_arguments(args, *device)?;
         }
-        let num_args = self.input_shapes.len();
         let raw_args: Vec<Vec<*mut PJRT_Buffer>> = lists
             .iter()
             .map(|args| args.iter().map(|b| b.raw()).collect())
@@ -268,6 +273,25 @@ impl LoadedExecutable {
             .collect();
         let output_lists: Vec<*mut *mut PJRT_Buffer> =
             outputs.iter_mut().map(|list| list.as_mut_ptr()).collect();
+        self.launch(&arg_lists, &output_lists, donatable)
+            .map_err(|e| deleted_or(e, lists.iter().flat_map(|args| args.iter().copied())))?;
+        Ok(outputs
+            .into_iter()
+            .zip(&self.devices)
+            .map(|(list, device)| self.wrap_outputs(list, *device))
+            .collect())
+    }
+
+    /// Calls the plugin's Execute: `arg_lists[i]` points at the arguments
+    /// of device `i` (checked by the caller), `output_lists[i]` at room for
+    /// its outputs, which the plugin fills.
+    fn launch(
+        &self,
+        arg_lists: &[*const *mut PJRT_Buffer],
+        output_lists: &[*mut *mut PJRT_Buffer],
+        donatable: &[usize],
+    ) -> Result<()> {
+        let num_args = self.input_shapes.len();
         let kept: Vec<i64> = (0..num_args)
             .filter(|i| !donatable.contains(i))
             .map(|i| i as i64)
@@ -279,34 +303,24 @@ impl LoadedExecutable {
         exec.executable = self.raw;
         exec.options = &mut options;
         exec.argument_lists = arg_lists.as_ptr();
-        exec.num_devices = lists.len();
+        exec.num_devices = arg_lists.len();
         exec.num_args = num_args;
         exec.output_lists = output_lists.as_ptr();
         // execute_device stays null: the executable runs where it was
         // compiled for (the CPU plugin refuses other devices there).
-        let executed = call!(
+        call!(
             self.client.plugin(),
             PJRT_LoadedExecutable_Execute,
             &mut exec
-        );
-        // An argument deleted by another thread after the checks above.
-        executed.map_err(|e| {
-            let deleted = lists.iter().flat_map(|args| args.iter());
-            match deleted.into_iter().find(|b| b.is_deleted() == Ok(true)) {
-                Some(_) => Error::DeletedBuffer,
-                None => e,
-            }
-        })?;
-        Ok(outputs
-            .into_iter()
-            .zip(&self.devices)
-            .map(|(list, device)| {
-                list.into_iter()
-                    .zip(&self.output_shapes)
-                    .map(|(raw, shape)| Buffer::from_raw(&self.client, raw, shape.clone(), *device))
-                    .collect()
-            })
-            .collect())
+        )
+        .map(|_| ())
+    }
+
+    fn wrap_outputs(&self, raws: Vec<*mut PJRT_Buffer>, device: usize) -> Vec<Buffer> {
+        raws.into_iter()
+            .zip(&self.output_shapes)
+            .map(|(raw, shape)| Buffer::from_raw(&self.client, raw, shape.clone(), device))
+            .collect()
     }
 
     /// The plugin's serialized form of the executable.
@@ -337,6 +351,16 @@ impl LoadedExecutable {
             }?;
         }
         Ok(bytes)
+    }
+}
+
+/// The error of a failed execution: `DeletedBuffer` when one of its
+/// arguments was deleted by another thread after the checks, else `error`.
+fn deleted_or<'a>(error: Error, args: impl IntoIterator<Item = &'a Buffer>) -> Error {
+    if args.into_iter().any(|b| b.is_deleted() == Ok(true)) {
+        Error::DeletedBuffer
+    } else {
+        error
     }
 }
 
