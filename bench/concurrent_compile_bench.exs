@@ -22,7 +22,7 @@ defmodule ConcurrentCompileBench do
   # Compiles (and runs once) the step for `inputs`; returns {start, stop} in µs.
   def compile({params, x, y}) do
     start = System.monotonic_time(:microsecond)
-    {_params, loss} = EXLA.jit(&Bench.MLP.step/3, cache: false).(params, x, y)
+    {_params, loss} = EXLA.jit(&CompilerBench.MLP.step/3, cache: false).(params, x, y)
     Nx.to_number(loss)
     {start, System.monotonic_time(:microsecond)}
   end
@@ -32,7 +32,7 @@ end
 
 alias ConcurrentCompileBench, as: B
 
-{params, x, y} = Bench.MLP.pattern_inputs(EXLA.Backend)
+{params, x, y} = CompilerBench.MLP.pattern_inputs(EXLA.Backend)
 a = {params, x, y}
 b = {params, Nx.slice(x, [0, 0], [64, 784]), Nx.slice(y, [0, 0], [64, 10])}
 rounds = String.to_integer(System.get_env("BENCH_ROUNDS", "7"))
