@@ -559,15 +559,9 @@ defmodule EXLA.Defn do
   defp run_list(compiled, [args]), do: [run_one(compiled, args)]
   defp run_list(compiled, args_list), do: Enum.map(args_list, &run_one(compiled, &1))
 
-  defp run_one(%Compiled{exe: exe, build: build, callbacks: nil, donate: []} = compiled, args) do
-    buffers = to_buffers(args, compiled.input_shapes, compiled)
-    [outputs] = EXLA.Executable.run(exe, [buffers])
-    build.(outputs)
-  end
-
   defp run_one(%Compiled{exe: exe, build: build, callbacks: nil} = compiled, args) do
     buffers = to_buffers(args, compiled.input_shapes, compiled)
-    [outputs] = EXLA.Executable.run(exe, [buffers], donate: compiled.donate)
+    [outputs] = EXLA.Executable.run(exe, [buffers], run_options(compiled.donate))
     build.(outputs)
   end
 
@@ -605,6 +599,10 @@ defmodule EXLA.Defn do
 
     build.(EXLA.HostCallback.run!(exe, buffers, sites, donate: compiled.donate))
   end
+
+  # No options at all for the usual run: EXLA.Executable.run/3 skips them.
+  defp run_options([]), do: []
+  defp run_options(donate), do: [donate: donate]
 
   # The EXLA tensor a lazy input already is, or nil. Nx hands lazy inputs
   # as functions; only those of Nx.Tensor's Nx.LazyContainer implementation

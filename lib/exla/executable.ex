@@ -241,10 +241,10 @@ defmodule EXLA.Executable do
 
   def run(%__MODULE__{ref: ref, devices: [device_id]} = executable, [args], opts)
       when Remote.local?(ref) and is_list(args) do
-    opts = Keyword.validate!(opts, donate: [])
+    donate = donate_option(opts)
     %{client: client} = executable
     refs = Enum.map(args, &argument_ref(&1, client, device_id))
-    outputs = run_native(executable, refs, opts[:donate])
+    outputs = run_native(executable, refs, donate)
     [wrap_outputs(executable, device_id, outputs)]
   end
 
@@ -253,7 +253,7 @@ defmodule EXLA.Executable do
 
   def run(%__MODULE__{devices: devices} = executable, lists, opts)
       when is_list(lists) and length(lists) == length(devices) and length(devices) > 1 do
-    opts = Keyword.validate!(opts, donate: [])
+    donate = donate_option(opts)
     %{client: client, ref: ref} = executable
 
     refs =
@@ -261,7 +261,7 @@ defmodule EXLA.Executable do
         Enum.map(args, &argument_ref(&1, client, device_id))
       end)
 
-    outputs = NIF.async!(&NIF.executable_run_devices(ref, refs, opts[:donate], &1))
+    outputs = NIF.async!(&NIF.executable_run_devices(ref, refs, donate, &1))
     Enum.zip_with(devices, outputs, &wrap_outputs(executable, &1, &2))
   end
 
@@ -270,6 +270,10 @@ defmodule EXLA.Executable do
           "expected #{length(devices)} list(s) of arguments (one per device the executable " <>
             "runs on), got: #{inspect(inputs, limit: 5)}"
   end
+
+  # The run options, checked; most runs give none (the per-call path).
+  defp donate_option([]), do: []
+  defp donate_option(opts), do: Keyword.validate!(opts, donate: [])[:donate]
 
   defp wrap_outputs(executable, device_id, refs) do
     Enum.zip_with(refs, executable.output_shapes, fn ref, shape ->
