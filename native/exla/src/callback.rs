@@ -28,7 +28,7 @@ use crate::error::{Error, NifResult};
 use crate::executable::ExecutableResource;
 
 mod atoms {
-    rustler::atoms! { ok, error, exla_callback, exla_run }
+    rustler::atoms! { ok, exla_callback, exla_run }
 }
 
 enum Chunk {
@@ -335,30 +335,19 @@ fn callback_run(
     donatable: Vec<usize>,
 ) -> NifResult<Atom> {
     let callback = session.callback.clone();
-    crate::pool::runs()
-        .submit(Box::new(move || {
-            let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                crate::executable::run_and_wait(&executable, &arguments, &donatable)
-            }))
-            .unwrap_or_else(|_| {
-                Err(Error(pjrt::Error::Pjrt {
-                    code: 13,
-                    message: "the execution panicked".into(),
-                }))
-            });
+    crate::pool::runs().run_then(
+        move || crate::executable::run_and_wait(&executable, &arguments, &donatable),
+        move |result| {
             // The session stays alive until the result is delivered.
             let _keep = &session;
             let sent = callback.send_to_owner(|env, id| {
-                let payload = match result {
-                    Ok(buffers) => (atoms::ok(), buffers).encode(env),
-                    Err(error) => (atoms::error(), error).encode(env),
-                };
+                let payload = crate::pool::encode_result(env, result);
                 (atoms::exla_run(), id, payload).encode(env)
             });
             if let Err(error) = sent {
                 tracing::debug!(target: "exla::callback", error, "the result of a run was dropped");
             }
-        }))
-        .map_err(|e| Error::argument(format!("could not start an execution thread: {e}")))?;
+        },
+    )?;
     Ok(atoms::ok())
 }

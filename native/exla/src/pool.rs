@@ -172,6 +172,22 @@ impl Pool {
         Ok(())
     }
 
+    /// Runs `work` on this pool and hands its result to `deliver`, on the
+    /// same thread. A panic in `work` becomes an internal error, so the
+    /// waiting process always gets an answer. Returns at once.
+    pub fn run_then<T, F, D>(&'static self, work: F, deliver: D) -> NifResult<()>
+    where
+        F: FnOnce() -> NifResult<T> + Send + 'static,
+        D: FnOnce(NifResult<T>) + Send + 'static,
+    {
+        self.submit(Box::new(move || {
+            let result = catch_unwind(AssertUnwindSafe(work))
+                .unwrap_or_else(|_| Err(Error::internal("the native work panicked")));
+            deliver(result);
+        }))
+        .map_err(|e| Error::internal(format!("could not start a native thread: {e}")))
+    }
+
     fn serve(&'static self) {
         loop {
             match self.queue.recv_timeout(KEEP_ALIVE) {
@@ -200,6 +216,14 @@ impl Pool {
     }
 }
 
+/// A result as the BEAM sees it: `{:ok, value}` or `{:error, {kind, message}}`.
+pub fn encode_result<'a, T: Encoder>(env: Env<'a>, result: NifResult<T>) -> Term<'a> {
+    match result {
+        Ok(value) => (atoms::ok(), value).encode(env),
+        Err(error) => (atoms::error(), error).encode(env),
+    }
+}
+
 /// Runs `work` on `pool` and sends its result to the calling process as
 /// `{reference, {:ok, value}}` or `{reference, {:error, {kind, message}}}`
 /// (see `EXLA.NIF.async!/1`). Returns at once.
@@ -211,20 +235,13 @@ where
     let caller = env.pid();
     let mut owned = OwnedEnv::new();
     let reference = owned.save(reference);
-    pool.submit(Box::new(move || {
-        let result = catch_unwind(AssertUnwindSafe(work))
-            .unwrap_or_else(|_| Err(Error::internal("the native work panicked")));
+    pool.run_then(work, move |result| {
         // A caller that died meanwhile drops the result (and so its buffers
         // or executable).
         let _ = owned.send_and_clear(&caller, |env| {
-            let payload = match result {
-                Ok(value) => (atoms::ok(), value).encode(env),
-                Err(error) => (atoms::error(), error).encode(env),
-            };
-            (reference.load(env), payload).encode(env)
+            (reference.load(env), encode_result(env, result)).encode(env)
         });
-    }))
-    .map_err(|e| Error::internal(format!("could not start a native thread: {e}")))?;
+    })?;
     Ok(atoms::ok())
 }
 
@@ -319,6 +336,27 @@ mod tests {
     fn off_thread_destroys_slow_values_on_the_drop_thread() {
         assert_eq!(dropped_on(true), "exla-drop");
         assert_ne!(dropped_on(false), "exla-drop");
+    }
+
+    /// What `run_then` hands to `deliver` for `work`.
+    fn delivered<T: Send + 'static>(
+        work: impl FnOnce() -> NifResult<T> + Send + 'static,
+    ) -> Result<T, pjrt::Error> {
+        let (done, delivered) = crossbeam_channel::bounded(1);
+        let started = leaked(1).run_then(work, move |result| {
+            done.send(result.map_err(|e| e.0)).unwrap();
+        });
+        assert!(started.is_ok(), "the pool starts a thread");
+        delivered.recv_timeout(Duration::from_secs(10)).unwrap()
+    }
+
+    /// A panic in the work reaches `deliver` as an internal error, a
+    /// result as it is.
+    #[test]
+    fn run_then_delivers_a_panic_as_an_internal_error() {
+        let panicked = delivered(|| -> NifResult<u32> { panic!("the work panicked") });
+        assert!(matches!(panicked, Err(pjrt::Error::Pjrt { code: 13, .. })));
+        assert_eq!(delivered(|| Ok(7)), Ok(7));
     }
 
     /// A job that panics leaves its thread serving.
