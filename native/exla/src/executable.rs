@@ -102,6 +102,46 @@ fn executable_output_shapes(executable: ResourceArc<ExecutableResource>) -> Vec<
 
 type Buffers = Vec<ResourceArc<BufferResource>>;
 
+/// Gives up the arguments at the positions in `donatable` once an
+/// execution has taken them. Before the outputs are counted: an output
+/// that reuses a donated buffer takes no new memory. The execution has
+/// happened by then, so a failure to delete one is logged, not returned:
+/// failing the run would drop its outputs and skip the arguments after it.
+/// Such an argument stays counted until its resource is dropped.
+fn give_up_donated(arguments: &[ResourceArc<BufferResource>], donatable: &[usize]) {
+    for (position, argument) in donatable
+        .iter()
+        .filter_map(|&i| Some((i, arguments.get(i)?)))
+    {
+        if let Err(error) = argument.give_up() {
+            tracing::warn!(
+                target: "exla::run",
+                position,
+                error = %error.0,
+                "could not delete a donated argument after the run"
+            );
+        }
+    }
+}
+
+/// The outputs of one device, counted in the executable's ledger.
+fn wrap_outputs(executable: &ExecutableResource, outputs: Vec<pjrt::Buffer>) -> Buffers {
+    outputs
+        .into_iter()
+        .map(|b| BufferResource::new(b, &executable.1))
+        .collect()
+}
+
+/// Blocks until every output is computed; the first failure is returned.
+fn wait_for<'a>(
+    outputs: impl IntoIterator<Item = &'a ResourceArc<BufferResource>>,
+) -> NifResult<()> {
+    for output in outputs {
+        output.0.wait()?;
+    }
+    Ok(())
+}
+
 /// Enqueues one execution. Every argument at a position in `donatable` is
 /// given up: the program reuses its memory for an output when it aliases
 /// it, and it is deleted otherwise, so a donated argument always reads as
@@ -113,11 +153,7 @@ fn run(
 ) -> NifResult<Buffers> {
     let buffers: Vec<&pjrt::Buffer> = arguments.iter().map(|b| &*b.0).collect();
     let outputs = executable.0.execute(&buffers, donatable)?;
-    // Before the outputs are counted: an output that reuses a donated
-    // buffer takes no new memory.
-    for argument in donatable.iter().filter_map(|&i| arguments.get(i)) {
-        argument.give_up()?;
-    }
+    give_up_donated(arguments, donatable);
     tracing::trace!(
         target: "exla::run",
         arguments = arguments.len(),
@@ -125,10 +161,7 @@ fn run(
         outputs = outputs.len(),
         "ran a program"
     );
-    Ok(outputs
-        .into_iter()
-        .map(|b| BufferResource::new(b, &executable.1))
-        .collect())
+    Ok(wrap_outputs(executable, outputs))
 }
 
 /// Runs and waits for the outputs (on a native thread).
@@ -138,9 +171,7 @@ pub fn run_and_wait(
     donatable: &[usize],
 ) -> NifResult<Buffers> {
     let outputs = run(executable, arguments, donatable)?;
-    for output in &outputs {
-        output.0.wait()?;
-    }
+    wait_for(&outputs)?;
     Ok(outputs)
 }
 
@@ -171,24 +202,14 @@ fn executable_run_devices<'a>(
             .collect();
         let arguments: Vec<&[&pjrt::Buffer]> = buffers.iter().map(|l| &l[..]).collect();
         let outputs = executable.0.execute_on_devices(&arguments, &donatable)?;
-        // As in `run`: donated arguments are given up before outputs count.
         for list in &lists {
-            for argument in donatable.iter().filter_map(|&i| list.get(i)) {
-                argument.give_up()?;
-            }
+            give_up_donated(list, &donatable);
         }
         let outputs: Vec<Buffers> = outputs
             .into_iter()
-            .map(|device| {
-                device
-                    .into_iter()
-                    .map(|b| BufferResource::new(b, &executable.1))
-                    .collect()
-            })
+            .map(|device| wrap_outputs(&executable, device))
             .collect();
-        for output in outputs.iter().flatten() {
-            output.0.wait()?;
-        }
+        wait_for(outputs.iter().flatten())?;
         Ok(outputs)
     })
 }
