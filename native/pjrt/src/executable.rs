@@ -188,6 +188,10 @@ impl LoadedExecutable {
         Ok(shapes)
     }
 
+    /// Checks the count, client, device, type and shape of each argument.
+    /// Not whether it is live: that costs a plugin call per argument, and a
+    /// plugin refuses a deleted argument itself, which `deleted_or` then
+    /// reports as `DeletedBuffer`.
     fn check_arguments(&self, args: &[&Buffer], device: usize) -> Result<()> {
         if args.len() != self.input_shapes.len() {
             return Err(Error::invalid(format!(
@@ -217,7 +221,6 @@ impl LoadedExecutable {
                     expected.dims
                 )));
             }
-            arg.ensure_live()?;
         }
         Ok(())
     }
@@ -259,6 +262,15 @@ impl LoadedExecutable {
         }
         for (args, device) in lists.iter().zip(&self.devices) {
             self.check_arguments(args, *device)?;
+        }
+        // Here every argument must be live before the plugin is called: it
+        // starts the parts whose arguments it accepts, and those wait in
+        // their collectives for a part that never starts, until XLA aborts
+        // the process (after 40 s on the CPU plugin). This narrows, but
+        // cannot close, that window: another thread may still delete an
+        // argument between this check and the launch.
+        for arg in lists.iter().flat_map(|args| args.iter()) {
+            arg.ensure_live()?;
         }
         let raw_args: Vec<Vec<*mut PJRT_Buffer>> = lists
             .iter()

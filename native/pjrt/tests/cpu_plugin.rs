@@ -271,6 +271,8 @@ fn deleted_buffers_fail_cleanly() {
     );
     let mut bytes = [0u8; 12];
     assert_eq!(a.copy_to_host(&mut bytes).err(), Some(Error::DeletedBuffer));
+    assert_eq!(a.wait().err(), Some(Error::DeletedBuffer));
+    assert_eq!(a.is_ready().err(), Some(Error::DeletedBuffer));
     assert_eq!(
         Error::DeletedBuffer.to_string(),
         "called on deleted or donated buffer"
@@ -505,6 +507,50 @@ fn runs_spmd_programs_on_every_device() {
         assert_eq!(read_f32(&device[0]), vec![10.0]);
         assert_eq!(read_f32(&device[1]), vec![1.0, 4.0, 9.0, 16.0]);
     }
+}
+
+/// An execution with a deleted argument, kept or donated, on one device
+/// or on several (whose parts meet in an all-reduce), fails with
+/// `DeletedBuffer`, and the executable still runs afterwards.
+#[test]
+fn executing_with_a_deleted_argument_reports_a_deleted_buffer() {
+    let client = client(2);
+    let exe = compile(
+        &client,
+        ADD_DONATING,
+        vec![f32_shape(&[3]), f32_shape(&[3])],
+    );
+    let live = upload(&client, &[1.0, 2.0, 3.0]);
+    let deleted = upload(&client, &[1.0, 1.0, 1.0]);
+    assert!(deleted.delete().unwrap());
+    for donatable in [&[][..], &[0], &[0, 1]] {
+        assert_eq!(
+            exe.execute(&[&deleted, &live], donatable).err(),
+            Some(Error::DeletedBuffer)
+        );
+        assert_eq!(
+            exe.execute(&[&live, &deleted], donatable).err(),
+            Some(Error::DeletedBuffer)
+        );
+    }
+    assert!(!live.is_deleted().unwrap());
+    let out = exe.execute(&[&live, &live], &[]).unwrap();
+    assert_eq!(read_f32(&out[0]), vec![2.0, 4.0, 6.0]);
+
+    let sum = client
+        .compile(SHARDED_SUM.as_bytes(), 0, &spmd_options(2))
+        .unwrap()
+        .with_input_shapes(vec![f32_shape(&[2])]);
+    let a0 = upload(&client, &[1.0, 2.0]);
+    let a1 = a0.copy_to_device(1).unwrap();
+    let gone = a0.copy_to_device(1).unwrap();
+    assert!(gone.delete().unwrap());
+    assert_eq!(
+        sum.execute_on_devices(&[&[&a0], &[&gone]], &[]).err(),
+        Some(Error::DeletedBuffer)
+    );
+    let out = sum.execute_on_devices(&[&[&a0], &[&a1]], &[]).unwrap();
+    assert_eq!(read_f32(&out[1][0]), vec![6.0]);
 }
 
 fn refused<T>(result: Result<T, Error>) -> bool {
