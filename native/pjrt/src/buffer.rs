@@ -79,13 +79,9 @@ impl Buffer {
     }
 
     /// The error to report for `error`, a failure of a call that used the
-    /// buffer: `DeletedBuffer` when another thread deleted (or an execution
-    /// donated) the buffer meanwhile, whatever the plugin said.
+    /// buffer (see `explain`).
     pub(crate) fn explain(&self, error: Error) -> Error {
-        match self.is_deleted() {
-            Ok(true) => Error::DeletedBuffer,
-            _ => error,
-        }
+        explain(error, [self])
     }
 
     /// Frees the device memory now. Returns false if it was already gone.
@@ -238,6 +234,17 @@ impl Buffer {
             self.shape.clone(),
             device,
         ))
+    }
+}
+
+/// The error to report for `error`, a failure of a call that used
+/// `buffers`: `DeletedBuffer` when one of them was deleted (by another
+/// thread, or donated by an execution), whatever the plugin said.
+pub(crate) fn explain<'a>(error: Error, buffers: impl IntoIterator<Item = &'a Buffer>) -> Error {
+    if buffers.into_iter().any(|b| b.is_deleted() == Ok(true)) {
+        Error::DeletedBuffer
+    } else {
+        error
     }
 }
 

@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use crate::buffer::Buffer;
+use crate::buffer::{explain, Buffer};
 use crate::client::Client;
 use crate::error::{Error, Result};
 use crate::ffi::{self, PJRT_Buffer, PJRT_Executable, PJRT_LoadedExecutable};
@@ -190,7 +190,7 @@ impl LoadedExecutable {
 
     /// Checks the count, client, device, type and shape of each argument.
     /// Not whether it is live: that costs a plugin call per argument, and a
-    /// plugin refuses a deleted argument itself, which `deleted_or` then
+    /// plugin refuses a deleted argument itself, which `buffer::explain` then
     /// reports as `DeletedBuffer`.
     fn check_arguments(&self, args: &[&Buffer], device: usize) -> Result<()> {
         if args.len() != self.input_shapes.len() {
@@ -237,7 +237,7 @@ impl LoadedExecutable {
         let raw_args: Vec<*mut PJRT_Buffer> = args.iter().map(|b| b.raw()).collect();
         let mut outputs = vec![std::ptr::null_mut(); self.output_shapes.len()];
         self.launch(&[raw_args.as_ptr()], &[outputs.as_mut_ptr()], donatable)
-            .map_err(|e| deleted_or(e, args.iter().copied()))?;
+            .map_err(|e| explain(e, args.iter().copied()))?;
         Ok(self.wrap_outputs(outputs, device))
     }
 
@@ -286,7 +286,7 @@ impl LoadedExecutable {
         let output_lists: Vec<*mut *mut PJRT_Buffer> =
             outputs.iter_mut().map(|list| list.as_mut_ptr()).collect();
         self.launch(&arg_lists, &output_lists, donatable)
-            .map_err(|e| deleted_or(e, lists.iter().flat_map(|args| args.iter().copied())))?;
+            .map_err(|e| explain(e, lists.iter().flat_map(|args| args.iter().copied())))?;
         Ok(outputs
             .into_iter()
             .zip(&self.devices)
@@ -363,16 +363,6 @@ impl LoadedExecutable {
             }?;
         }
         Ok(bytes)
-    }
-}
-
-/// The error of a failed execution: `DeletedBuffer` when one of its
-/// arguments was deleted by another thread after the checks, else `error`.
-fn deleted_or<'a>(error: Error, args: impl IntoIterator<Item = &'a Buffer>) -> Error {
-    if args.into_iter().any(|b| b.is_deleted() == Ok(true)) {
-        Error::DeletedBuffer
-    } else {
-        error
     }
 }
 
