@@ -149,8 +149,10 @@ fn plugin_statistics(client: &pjrt::Client) -> NifResult<Option<Statistics>> {
             .peak_bytes_in_use
             .and_then(|p| u64::try_from(p).ok())
             .unwrap_or(in_use);
-        stats.allocated += in_use;
-        stats.peak += peak.max(in_use);
+        // The values come from the plugin: a sum past u64 saturates
+        // instead of panicking (debug) or wrapping (release).
+        stats.allocated = stats.allocated.saturating_add(in_use);
+        stats.peak = stats.peak.saturating_add(peak.max(in_use));
         stats.per_device.insert(device, in_use);
     }
     Ok(Some(stats))
