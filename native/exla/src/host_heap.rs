@@ -17,7 +17,7 @@
 //! up to 64 MiB of free memory at its top. `EXLA.Client` calls it when it
 //! creates a CPU client, unless `EXLA_HOST_MALLOC_TUNING` turns it off.
 
-use std::sync::Once;
+use std::sync::OnceLock;
 
 use rustler::Atom;
 
@@ -30,20 +30,24 @@ mod atoms {
     rustler::atoms! { ok }
 }
 
-/// Sets the thresholds, once per process (later calls do nothing).
+/// Sets the thresholds, once per process (later calls do nothing). Returns
+/// `:ok` either way: a refused value leaves glibc's own, which only costs
+/// speed.
 #[rustler::nif]
 fn host_heap_keep_freed_memory() -> Atom {
     keep_freed_memory();
     atoms::ok()
 }
 
-fn keep_freed_memory() {
-    static TUNE: Once = Once::new();
-    TUNE.call_once(set_thresholds);
+/// Sets the thresholds on the first call; every call returns whether the
+/// C library took them (true where there is nothing to set).
+fn keep_freed_memory() -> bool {
+    static TUNED: OnceLock<bool> = OnceLock::new();
+    *TUNED.get_or_init(set_thresholds)
 }
 
 #[cfg(all(target_os = "linux", target_env = "gnu"))]
-fn set_thresholds() {
+fn set_thresholds() -> bool {
     use std::ffi::c_int;
 
     // From glibc's <malloc.h>.
@@ -55,26 +59,53 @@ fn set_thresholds() {
     }
 
     // SAFETY: mallopt only updates glibc's allocator parameters, under its
-    // own lock; both values are within the ranges it accepts.
+    // own lock. It returns 0 for a value out of its range.
     unsafe {
-        mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD);
-        mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD);
+        let mmap = mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD);
+        let trim = mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD);
+        mmap == 1 && trim == 1
     }
 }
 
 #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
-fn set_thresholds() {}
+fn set_thresholds() -> bool {
+    true
+}
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    /// glibc takes both values (`mallopt` answers 1 for each), and later
+    /// calls answer the same without setting them again.
     #[test]
-    fn thresholds_are_glibc_adaptive_limits() {
-        assert_eq!(MMAP_THRESHOLD, 32 << 20);
-        assert_eq!(TRIM_THRESHOLD, 64 << 20);
-        keep_freed_memory();
-        // Idempotent.
-        keep_freed_memory();
+    fn glibc_takes_the_thresholds_once() {
+        assert!(keep_freed_memory());
+        assert!(keep_freed_memory());
+    }
+
+    /// With the thresholds set, a block between glibc's default mmap
+    /// threshold (128 KiB) and 32 MiB comes from the heap: its usable size
+    /// is a few bytes over the request, where a block of its own mapping is
+    /// rounded up to whole pages (this fails without the mmap threshold).
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    #[test]
+    fn blocks_below_the_threshold_come_from_the_heap() {
+        extern "C" {
+            fn malloc(size: usize) -> *mut std::ffi::c_void;
+            fn malloc_usable_size(ptr: *mut std::ffi::c_void) -> usize;
+            fn free(ptr: *mut std::ffi::c_void);
+        }
+        assert!(keep_freed_memory());
+        let request = (4 << 20) + 1;
+        // SAFETY: the block is only measured, then freed once.
+        let usable = unsafe {
+            let block = malloc(request);
+            assert!(!block.is_null());
+            let usable = malloc_usable_size(block);
+            free(block);
+            usable
+        };
+        assert!(usable >= request && usable < request + 64, "{usable}");
     }
 }
