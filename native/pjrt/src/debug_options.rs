@@ -496,39 +496,4 @@ mod tests {
             Err(Error::PluginLoad { .. })
         ));
     }
-
-    /// The CPU plugin at `PJRT_PLUGIN_PATH`, or where EXLA installs it.
-    fn cpu_plugin() -> Option<std::path::PathBuf> {
-        if let Some(path) = std::env::var_os("PJRT_PLUGIN_PATH") {
-            return Some(path.into());
-        }
-        let arch = std::env::consts::ARCH;
-        let path = std::path::PathBuf::from(std::env::var_os("HOME")?).join(format!(
-            ".cache/exla/plugins/xla-cpu-pjrt-0.0.1-{arch}/xla_cpu_pjrt.so"
-        ));
-        path.exists().then_some(path)
-    }
-
-    /// The CPU plugin's options; skipped when the plugin is absent.
-    #[test]
-    fn reads_the_cpu_plugins_options() {
-        let Some(path) = cpu_plugin() else {
-            return;
-        };
-        let fields = debug_option_fields(&path).unwrap().unwrap();
-        let find = |name: &str| fields.iter().find(|f| f.name == name).unwrap();
-        assert_eq!(find("xla_cpu_use_xnnpack").kind, FieldKind::Bool);
-        assert_eq!(
-            find("xla_cpu_parallel_codegen_split_count").kind,
-            FieldKind::Int32
-        );
-        assert!(find("xla_disable_hlo_passes").repeated);
-        let FieldKind::Enum(values) = &find("xla_step_marker_location").kind else {
-            panic!("not an enum");
-        };
-        assert!(values.contains(&("STEP_MARK_AT_ENTRY".to_string(), 0)));
-        let flags = registered_flag_names(&path).unwrap();
-        assert!(flags.contains("xla_cpu_use_xnnpack"));
-        assert!(flags.contains("xla_dump_to"));
-    }
 }

@@ -5,7 +5,8 @@ mod common;
 
 use std::sync::Arc;
 
-use common::plugin;
+use common::{plugin, plugin_file};
+use pjrt::debug_options::{debug_option_fields, registered_flag_names, FieldKind};
 use pjrt::{
     Buffer, Client, CompileOptions, ElementType, Error, OptionOverride, OptionValue, Plugin, Shape,
 };
@@ -590,4 +591,26 @@ fn multi_device_runs_take_one_list_per_device() {
         0,
         &spmd_options(2)
     )));
+}
+
+/// The compiler options read from the CPU plugin's file: their names,
+/// types and enum values, and which of them have an `XLA_FLAGS` flag.
+#[test]
+fn reads_the_cpu_plugins_options() {
+    let path = plugin_file();
+    let fields = debug_option_fields(&path).unwrap().unwrap();
+    let find = |name: &str| fields.iter().find(|f| f.name == name).unwrap();
+    assert_eq!(find("xla_cpu_use_xnnpack").kind, FieldKind::Bool);
+    assert_eq!(
+        find("xla_cpu_parallel_codegen_split_count").kind,
+        FieldKind::Int32
+    );
+    assert!(find("xla_disable_hlo_passes").repeated);
+    let FieldKind::Enum(values) = &find("xla_step_marker_location").kind else {
+        panic!("not an enum");
+    };
+    assert!(values.contains(&("STEP_MARK_AT_ENTRY".to_string(), 0)));
+    let flags = registered_flag_names(&path).unwrap();
+    assert!(flags.contains("xla_cpu_use_xnnpack"));
+    assert!(flags.contains("xla_dump_to"));
 }

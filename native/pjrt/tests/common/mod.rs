@@ -15,6 +15,11 @@ const LIBRARY: &str = "xla_cpu_pjrt.so";
 
 /// The CPU plugin, loaded; panics with how to get it when it is missing.
 pub fn plugin() -> Arc<Plugin> {
+    Plugin::load(plugin_file()).expect("the CPU plugin loads")
+}
+
+/// The CPU plugin's file; panics with how to get it when it is missing.
+pub fn plugin_file() -> PathBuf {
     let path = plugin_path();
     if !path.is_file() {
         panic!(
@@ -25,7 +30,7 @@ pub fn plugin() -> Arc<Plugin> {
             path.display()
         );
     }
-    Plugin::load(&path).expect("the CPU plugin loads")
+    path
 }
 
 fn plugin_path() -> PathBuf {
