@@ -81,19 +81,23 @@ impl FieldKind {
 /// the library carries no descriptor of `xla/xla.proto` (a build with
 /// protobuf's lite runtime, or not an XLA plugin).
 pub fn debug_option_fields(path: &Path) -> Result<Option<Vec<DebugOptionField>>> {
-    let read_error = |e: std::io::Error| Error::PluginLoad {
-        path: path.display().to_string(),
-        reason: format!("{e}"),
-    };
-    let mut file = File::open(path).map_err(read_error)?;
-    let Some(start) = find(&mut file, DESCRIPTOR_START).map_err(read_error)? else {
+    let read_error = read_error(path);
+    let mut file = File::open(path).map_err(&read_error)?;
+    // The bytes carried to the next window are one short of the needle:
+    // a match among them would be found there, so the whole window is
+    // searched.
+    let start = scan_chunks(&mut file, DESCRIPTOR_START.len() - 1, |bytes, _, offset| {
+        position(bytes, DESCRIPTOR_START).map(|i| offset + i as u64)
+    })
+    .map_err(&read_error)?;
+    let Some(start) = start else {
         return Ok(None);
     };
-    file.seek(SeekFrom::Start(start)).map_err(read_error)?;
+    file.seek(SeekFrom::Start(start)).map_err(&read_error)?;
     let mut window = Vec::new();
     file.take(DESCRIPTOR_WINDOW)
         .read_to_end(&mut window)
-        .map_err(read_error)?;
+        .map_err(&read_error)?;
     Ok(parse_file_descriptor(&window))
 }
 
@@ -103,31 +107,57 @@ pub fn debug_option_fields(path: &Path) -> Result<Option<Vec<DebugOptionField>>>
 /// such a C string, while its descriptor stores field names without a NUL,
 /// so a field whose name is not among these has no flag.
 pub fn registered_flag_names(path: &Path) -> Result<BTreeSet<String>> {
-    let read_error = |e: std::io::Error| Error::PluginLoad {
+    let read_error = read_error(path);
+    let mut file = File::open(path).map_err(&read_error)?;
+    // A name this long (and its NUL) is found even where a chunk ends in it.
+    const LONGEST: usize = 256;
+    let mut names = BTreeSet::new();
+    scan_chunks(&mut file, LONGEST, |bytes, starts, _| {
+        collect_names(bytes, starts, &mut names);
+        None::<()>
+    })
+    .map_err(&read_error)?;
+    Ok(names)
+}
+
+/// How a failure to read the library at `path` is reported.
+fn read_error(path: &Path) -> impl Fn(std::io::Error) -> Error + '_ {
+    move |e| Error::PluginLoad {
         path: path.display().to_string(),
         reason: format!("{e}"),
-    };
-    let mut file = File::open(path).map_err(read_error)?;
-    let mut names = BTreeSet::new();
-    // A name cut by the end of a chunk is completed with the next one.
-    const LONGEST: usize = 256;
-    let mut buffer = vec![0u8; CHUNK + LONGEST];
+    }
+}
+
+/// Reads `file` in chunks and calls `scan(bytes, starts, offset)` on each
+/// window: `bytes` is what was carried over followed by the chunk just
+/// read, `offset` where it begins in the file. `scan` reports what begins
+/// in `bytes[..starts]` and may read on to the end of `bytes`; the `reach`
+/// bytes from `starts` on are carried to the front of the next window (the
+/// last window has `starts` at its end). So each position is offered once,
+/// and anything up to `reach + 1` bytes long is seen whole. Stops at the
+/// first `Some` that `scan` returns.
+fn scan_chunks<T>(
+    file: &mut File,
+    reach: usize,
+    mut scan: impl FnMut(&[u8], usize, u64) -> Option<T>,
+) -> std::io::Result<Option<T>> {
+    let mut buffer = vec![0u8; CHUNK + reach];
     let mut kept = 0;
+    let mut offset = 0u64;
     loop {
-        let read = file.read(&mut buffer[kept..]).map_err(read_error)?;
+        let read = file.read(&mut buffer[kept..])?;
         let end = kept + read;
         let last = read == 0;
-        let scan_to = if last {
-            end
-        } else {
-            end.saturating_sub(LONGEST)
-        };
-        collect_names(&buffer[..end], scan_to, &mut names);
-        if last {
-            return Ok(names);
+        let starts = if last { end } else { end.saturating_sub(reach) };
+        if let Some(found) = scan(&buffer[..end], starts, offset) {
+            return Ok(Some(found));
         }
-        buffer.copy_within(scan_to..end, 0);
-        kept = end - scan_to;
+        if last {
+            return Ok(None);
+        }
+        buffer.copy_within(starts..end, 0);
+        offset += starts as u64;
+        kept = end - starts;
     }
 }
 
@@ -152,28 +182,6 @@ fn collect_names(bytes: &[u8], scan_to: usize, names: &mut BTreeSet<String>) {
             names.insert(text(&rest[..len]));
             at = start + len;
         }
-    }
-}
-
-/// The offset of the first occurrence of `needle` in `file`.
-fn find(file: &mut File, needle: &[u8]) -> std::io::Result<Option<u64>> {
-    let mut buffer = vec![0u8; CHUNK + needle.len()];
-    let mut kept = 0;
-    let mut offset = 0u64;
-    loop {
-        let read = file.read(&mut buffer[kept..])?;
-        let end = kept + read;
-        if let Some(i) = position(&buffer[..end], needle) {
-            return Ok(Some(offset + i as u64));
-        }
-        if read == 0 {
-            return Ok(None);
-        }
-        // Keep the tail that could start a match completed by the next read.
-        let tail = end.min(needle.len() - 1);
-        buffer.copy_within(end - tail..end, 0);
-        offset += (end - tail) as u64;
-        kept = tail;
     }
 }
 
