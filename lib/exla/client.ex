@@ -60,8 +60,8 @@ defmodule EXLA.Client do
       platform's default one (see `EXLA.Plugin`).
 
     * `:device_count` - the number of devices of a `:host` client (the CPU
-      is split into that many devices). Only for `:host` clients. Defaults
-      to the `XLA_FLAGS` setting below, else 1.
+      is split into that many devices), from 1 to 1024. Only for `:host`
+      clients. Defaults to the `XLA_FLAGS` setting below, else 1.
 
     * `:xla_options` - XLA compiler options (fields of XLA's `DebugOptions`,
       the ones `XLA_FLAGS` sets) that every compilation on the client uses,
@@ -111,7 +111,8 @@ defmodule EXLA.Client do
 
   In both, a few options that XLA accepts by type but that crash or stall
   it must lie in a range: `xla_cpu_parallel_codegen_split_count` and
-  `xla_force_host_platform_device_count` between 1 and 1024.
+  `xla_force_host_platform_device_count` between 1 and 1024 (the
+  `:device_count` option too).
 
   ## Host memory
 
@@ -126,8 +127,9 @@ defmodule EXLA.Client do
   ## Host devices
 
   A `:host` client has a single device, unless `:device_count` is given or
-  the environment variable `XLA_FLAGS` sets XLA's
-  `--xla_force_host_platform_device_count` flag when the client is created:
+  the environment variable `XLA_FLAGS` (of the operating-system process, as
+  above) sets XLA's `--xla_force_host_platform_device_count` flag when the
+  client is created (the last such entry counts, as in XLA):
 
       XLA_FLAGS=--xla_force_host_platform_device_count=4 mix test
 
@@ -192,8 +194,6 @@ defmodule EXLA.Client do
   @optional_options [:xla_options]
 
   @default_xla_options %{host: [xla_cpu_use_xnnpack: false]}
-
-  @device_count_flag "--xla_force_host_platform_device_count"
 
   @doc """
   Starts the process that creates clients one at a time.
@@ -442,8 +442,13 @@ defmodule EXLA.Client do
 
   defp check_option!(_name, _platform, {:device_count, nil}), do: :ok
 
-  defp check_option!(_name, :host, {:device_count, count}) when is_integer(count) and count > 0,
-    do: :ok
+  # The same limit as the XLA flag that sets the count: the plugin creates
+  # as many devices as it is asked for.
+  defp check_option!(name, :host, {:device_count, count}) when is_integer(count) and count > 0 do
+    with {:error, reason} <- EXLA.XLAOptions.check_device_count(count) do
+      raise ArgumentError, "invalid :device_count for EXLA client #{inspect(name)}: #{reason}"
+    end
+  end
 
   defp check_option!(name, platform, {:device_count, _count}) when platform != :host do
     raise ArgumentError,
@@ -521,36 +526,13 @@ defmodule EXLA.Client do
   defp xla_option_value(value) when is_binary(value), do: {:string, value}
 
   @doc false
-  def host_device_count(options) do
-    options[:device_count] || xla_flags_device_count(System.get_env("XLA_FLAGS")) || 1
-  end
-
-  @doc false
-  # The value of --xla_force_host_platform_device_count in XLA_FLAGS (the
-  # last one wins, as in XLA), or nil.
-  def xla_flags_device_count(nil), do: nil
-
-  def xla_flags_device_count(flags) when is_binary(flags) do
-    values =
-      for flag <- String.split(flags),
-          [@device_count_flag, value] <- [String.split(flag, "=", parts: 2)],
-          do: value
-
-    case List.last(values) do
-      nil ->
-        nil
-
-      value ->
-        case Integer.parse(value) do
-          {count, ""} when count > 0 ->
-            count
-
-          _ ->
-            raise ArgumentError,
-                  "expected #{@device_count_flag} in XLA_FLAGS to be a positive integer, " <>
-                    "got: #{inspect(value)}"
-        end
-    end
+  # The device count of a :host client with validated `options`: its
+  # :device_count, else the count XLA_FLAGS sets, else 1. XLA_FLAGS is read
+  # where the plugin reads it and `create!/3` checks it (the process
+  # environment, see "XLA options and XLA_FLAGS"), and parsed as that check
+  # parses it, so the count is never taken from a value the check did not see.
+  def host_device_count(options, flags \\ EXLA.NIF.xla_flags_env()) do
+    options[:device_count] || EXLA.XLAOptions.flags_device_count(flags) || 1
   end
 
   ## Serialized creation

@@ -11,13 +11,16 @@ defmodule EXLA.XLAOptions do
   # the checks follow whichever XLA version built the plugin. Value ranges
   # XLA does not check itself are in `@ranges`.
 
+  # The option that sets the number of host devices.
+  @device_count "xla_force_host_platform_device_count"
+
   # Values XLA accepts by type but that take the process down or stall the
   # compiler, measured on the CPU plugin: a negative split count throws a
   # C++ exception, 0 fails every compilation and 2^31 - 1 never finishes;
   # the host device count creates that many devices.
   @ranges %{
     "xla_cpu_parallel_codegen_split_count" => 1..1024,
-    "xla_force_host_platform_device_count" => 1..1024
+    @device_count => 1..1024
   }
 
   @int_ranges %{
@@ -33,6 +36,46 @@ defmodule EXLA.XLAOptions do
   The value ranges EXLA enforces, by option name.
   """
   def ranges, do: @ranges
+
+  ## The host device count
+
+  @doc """
+  Checks a host client's `:device_count` option against the range of the
+  XLA flag that sets the same count (`#{@device_count}`): `:ok` or
+  `{:error, reason}`.
+  """
+  def check_device_count(count), do: check_range(@device_count, count)
+
+  @doc """
+  The host device count `flags` (the value of `XLA_FLAGS`, or nil) sets:
+  the value of its last `--#{@device_count}` entry (XLA applies entries in
+  order, so the last one wins), or nil when it has none. Raises
+  `ArgumentError` as `check_flags!/2` does when the flags cannot be parsed
+  or that value is not an integer within its range; needs no plugin.
+  """
+  def flags_device_count(nil), do: nil
+
+  def flags_device_count(flags) when is_binary(flags) do
+    with {:ok, entries} <- parse_flags(flags),
+         {name, value} <- entries |> Enum.reverse() |> List.keyfind(@device_count, 0),
+         :ok <- check_device_count_flag(name, value) do
+      flag_number(value)
+    else
+      nil -> nil
+      {:error, reason} -> raise ArgumentError, "invalid XLA_FLAGS: " <> reason
+    end
+  end
+
+  # The checks check_flag/3 makes of this entry that need no plugin: an
+  # integer (the range is narrower than the field's type), within range.
+  defp check_device_count_flag(name, value) do
+    with :ok <- check_flag_value(:int64, false, value),
+         :ok <- check_range(name, flag_number(value)) do
+      :ok
+    else
+      {:error, reason} -> {:error, flag_error(name, value, reason)}
+    end
+  end
 
   ## :xla_options
 
@@ -202,9 +245,11 @@ defmodule EXLA.XLAOptions do
 
     case result do
       :ok -> nil
-      {:error, reason} -> {:error, "--#{name}#{if value, do: "=" <> value} #{reason}"}
+      {:error, reason} -> {:error, flag_error(name, value, reason)}
     end
   end
+
+  defp flag_error(name, value, reason), do: "--#{name}#{if value, do: "=" <> value} #{reason}"
 
   # XLA reads a flag's value as its field's type; enum flags each have their
   # own syntax (exact names, upper-cased names, other words), so EXLA leaves

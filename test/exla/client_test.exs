@@ -74,35 +74,54 @@ defmodule EXLA.ClientTest do
       assert %Client{device_count: 3, default_device_id: 2} = Client.fetch!(name)
     end
 
-    test "honours XLA_FLAGS for host clients" do
-      name = unique_name(:xla_flags)
-      put_clients([{name, [platform: :host]}])
+    # XLA_FLAGS is read from the environment of the OS process, which
+    # System.put_env/2 does not change: a fresh VM gets it.
+    @tag :tmp_dir
+    test "honours XLA_FLAGS for host clients", %{tmp_dir: dir} do
+      code = """
+      Application.ensure_all_started(:exla)
+      # only the VM's copy of the environment, which XLA never reads
+      System.put_env("XLA_FLAGS", "--xla_force_host_platform_device_count=3")
+      IO.puts("devices: \#{EXLA.Client.fetch!(:host).device_count}")
+      """
 
-      with_env(
-        "XLA_FLAGS",
-        "--xla_force_host_platform_device_count=4",
-        fn ->
-          assert %Client{device_count: 4} = Client.fetch!(name)
-        end
-      )
+      paths = Enum.flat_map(:code.get_path(), &["-pa", List.to_string(&1)])
+
+      {output, 0} =
+        System.cmd(System.find_executable("elixir"), paths ++ ["-e", code],
+          env: [{"XLA_FLAGS", "--xla_force_host_platform_device_count=4"}],
+          cd: dir,
+          stderr_to_stdout: true
+        )
+
+      assert output =~ "devices: 4"
+    end
+
+    test "takes the XLA_FLAGS device count from the process environment only" do
+      name = unique_name(:xla_flags_vm_env)
+      put_clients([{name, [platform: :host]}])
+      from_process = Client.host_device_count([], EXLA.NIF.xla_flags_env())
+
+      # A value only the VM's copy holds would be a count the XLA_FLAGS
+      # check never saw.
+      with_env("XLA_FLAGS", "--xla_force_host_platform_device_count=3", fn ->
+        assert Client.host_device_count([]) == from_process
+        assert Client.fetch!(name).device_count == from_process
+      end)
     end
 
     test "checks :default_device_id against the devices" do
       name = unique_name(:bad_device)
-      put_clients([{name, [platform: :host, default_device_id: 2]}])
+      put_clients([{name, [platform: :host, device_count: 1, default_device_id: 2]}])
 
       message =
         ":default_device_id of EXLA client #{inspect(name)} must be a number between 0 and 0 " <>
           "(it has 1 device(s)), got: 2"
 
-      with_env("XLA_FLAGS", nil, fn ->
-        assert_raise ArgumentError, message, fn -> Client.fetch!(name) end
-      end)
+      assert_raise ArgumentError, message, fn -> Client.fetch!(name) end
 
       # nothing was kept: the error comes again
-      with_env("XLA_FLAGS", nil, fn ->
-        assert_raise ArgumentError, message, fn -> Client.fetch!(name) end
-      end)
+      assert_raise ArgumentError, message, fn -> Client.fetch!(name) end
     end
 
     test "validates the options before creating anything" do
@@ -221,6 +240,9 @@ defmodule EXLA.ClientTest do
         {[memory_fraction: "0.5"], ~r/invalid :memory_fraction/},
         {[plugin: :path], ~r/invalid :plugin for EXLA client :a: expected a path/},
         {[device_count: 0], ~r/invalid :device_count .* positive integer, got: 0/},
+        {[device_count: 1025],
+         "invalid :device_count for EXLA client :a: must be an integer between 1 and 1024, " <>
+           "got: 1025"},
         {[platform: :cuda, device_count: 2], ~r/:device_count option .* only supported by :host/}
       ]
 
@@ -236,13 +258,14 @@ defmodule EXLA.ClientTest do
 
   describe "create_options/1" do
     test "host clients pass only an int64 device count" do
-      with_env("XLA_FLAGS", nil, fn ->
-        options = Client.validate_options!(:a, platform: :host, memory_fraction: 0.5)
-        assert Client.create_options(options) == [{"cpu_device_count", {:int64, 1}}]
+      # Without :device_count, the count is XLA_FLAGS's (see the tests of
+      # host_device_count/2), which this VM's process environment decides.
+      options = Client.validate_options!(:a, platform: :host, memory_fraction: 0.5)
+      count = Client.host_device_count([])
+      assert Client.create_options(options) == [{"cpu_device_count", {:int64, count}}]
 
-        options = Client.validate_options!(:a, platform: :host, device_count: 8)
-        assert Client.create_options(options) == [{"cpu_device_count", {:int64, 8}}]
-      end)
+      options = Client.validate_options!(:a, platform: :host, device_count: 8)
+      assert Client.create_options(options) == [{"cpu_device_count", {:int64, 8}}]
     end
 
     test "GPU clients pass a bool and a float" do
@@ -328,47 +351,52 @@ defmodule EXLA.ClientTest do
   end
 
   describe "XLA_FLAGS" do
-    test "xla_flags_device_count/1 reads the host device count" do
-      assert Client.xla_flags_device_count(nil) == nil
-      assert Client.xla_flags_device_count("") == nil
-      assert Client.xla_flags_device_count("--xla_cpu_use_thunk_runtime=false") == nil
-      assert Client.xla_flags_device_count("--xla_force_host_platform_device_count=8") == 8
+    alias EXLA.XLAOptions
 
-      assert Client.xla_flags_device_count(
+    test "flags_device_count/1 reads the host device count" do
+      assert XLAOptions.flags_device_count(nil) == nil
+      assert XLAOptions.flags_device_count("") == nil
+      assert XLAOptions.flags_device_count("--xla_cpu_use_thunk_runtime=false") == nil
+      assert XLAOptions.flags_device_count("--xla_force_host_platform_device_count=8") == 8
+
+      assert XLAOptions.flags_device_count(
                "  --xla_dump_to=/tmp/x\t--xla_force_host_platform_device_count=2  "
              ) == 2
 
       # the last one wins
-      assert Client.xla_flags_device_count(
+      assert XLAOptions.flags_device_count(
                "--xla_force_host_platform_device_count=2 --xla_force_host_platform_device_count=3"
              ) == 3
 
       # other flags with the same prefix are not it
-      assert Client.xla_flags_device_count("--xla_force_host_platform_device_count_x=5") == nil
+      assert XLAOptions.flags_device_count("--xla_force_host_platform_device_count_x=5") == nil
     end
 
-    test "xla_flags_device_count/1 rejects bad values" do
-      for value <- ["0", "-1", "two", "", "2.0"] do
-        assert_raise ArgumentError,
-                     ~r/expected --xla_force_host_platform_device_count in XLA_FLAGS to be a positive integer/,
-                     fn ->
-                       Client.xla_flags_device_count(
-                         "--xla_force_host_platform_device_count=#{value}"
-                       )
-                     end
+    test "flags_device_count/1 rejects bad values as the XLA_FLAGS check does" do
+      for value <- ["0", "-1", "two", "", "2.0", "1025"] do
+        flags = "--xla_force_host_platform_device_count=#{value}"
+
+        error = assert_raise ArgumentError, fn -> XLAOptions.flags_device_count(flags) end
+
+        assert error.message =~ "invalid XLA_FLAGS: #{flags} "
+        plugin = Client.fetch!(:host).plugin_path
+        checked = assert_raise ArgumentError, fn -> XLAOptions.check_flags!(flags, plugin) end
+        assert error.message == checked.message
+      end
+
+      # as flags XLA cannot parse
+      assert_raise ArgumentError, ~r/invalid XLA_FLAGS: .* does not start with --/, fn ->
+        XLAOptions.flags_device_count("--xla_force_host_platform_device_count=2 stray")
       end
     end
 
-    test "host_device_count/1 prefers :device_count, then XLA_FLAGS, then 1" do
-      with_env("XLA_FLAGS", nil, fn ->
-        assert Client.host_device_count([]) == 1
-        assert Client.host_device_count(device_count: 5) == 5
-      end)
+    test "host_device_count/2 prefers :device_count, then XLA_FLAGS, then 1" do
+      assert Client.host_device_count([], nil) == 1
+      assert Client.host_device_count([device_count: 5], nil) == 5
 
-      with_env("XLA_FLAGS", "--xla_force_host_platform_device_count=6", fn ->
-        assert Client.host_device_count([]) == 6
-        assert Client.host_device_count(device_count: 5) == 5
-      end)
+      flags = "--xla_force_host_platform_device_count=6"
+      assert Client.host_device_count([], flags) == 6
+      assert Client.host_device_count([device_count: 5], flags) == 5
     end
   end
 
