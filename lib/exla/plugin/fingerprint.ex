@@ -24,17 +24,7 @@ defmodule EXLA.Plugin.Fingerprint do
   @doc "The SHA-256 (lowercase hex) of the plugin file at `path`."
   def get(path) do
     path = Path.expand(path)
-    key = {__MODULE__, path}
-
-    case :persistent_term.get(key, nil) do
-      nil ->
-        sha256 = compute(path, EXLA.Plugin.cache_dir())
-        :persistent_term.put(key, sha256)
-        sha256
-
-      sha256 ->
-        sha256
-    end
+    EXLA.Client.cached({__MODULE__, path}, fn -> compute(path, EXLA.Plugin.cache_dir()) end)
   end
 
   @doc """
