@@ -54,6 +54,10 @@ defmodule EXLA.Defn.Lowering.LU do
     {Nx.as_type(p, Nx.type(a)), l, u}
   end
 
-  deftransformp as_float(a), do: Nx.as_type(a, Nx.Type.to_floating(Nx.type(a)))
+  # The input in the floating-point type the decomposition works in;
+  # `EXLA.Defn.Lowering.QR` works in the same one.
+  @doc false
+  deftransform as_float(a), do: Nx.as_type(a, Nx.Type.to_floating(Nx.type(a)))
+
   deftransformp row_shape(a), do: Tuple.delete_at(Nx.shape(a), Nx.rank(a) - 1)
 end

@@ -17,6 +17,7 @@ defmodule EXLA.Defn.Lowering.QR do
   # already zero below the diagonal is left alone.
 
   import Nx.Defn
+  alias EXLA.Defn.Lowering.LU
 
   @doc false
   def expr(%Nx.Tensor{} = template, opts) do
@@ -26,7 +27,7 @@ defmodule EXLA.Defn.Lowering.QR do
 
   defn qr(a, opts \\ []) do
     {batch, m, n} = batched_shape(a)
-    r = a |> as_float() |> Nx.reshape({batch, m, n})
+    r = a |> LU.as_float() |> Nx.reshape({batch, m, n})
     q = Nx.broadcast(Nx.eye(m, type: Nx.type(r)), {batch, m, m})
     rows = Nx.iota({batch, m, 1}, axis: 1)
     matrix_rows = Nx.iota({batch, m, n}, axis: 1)
@@ -110,6 +111,4 @@ defmodule EXLA.Defn.Lowering.QR do
     batch = shape |> Tuple.delete_at(rank - 1) |> Tuple.delete_at(rank - 2) |> Tuple.product()
     {batch, elem(shape, rank - 2), elem(shape, rank - 1)}
   end
-
-  deftransformp as_float(a), do: Nx.as_type(a, Nx.Type.to_floating(Nx.type(a)))
 end
