@@ -310,6 +310,11 @@ defmodule EXLA.Client do
   # 128 TiB: the user address space of 64-bit hosts (47 bits).
   @address_space_bytes 2 ** 47
 
+  @doc false
+  # The limit on a tensor's bytes where nothing smaller is known (also
+  # EXLA.Defn.Lowering's default).
+  def address_space_bytes, do: @address_space_bytes
+
   @doc """
   The most bytes one tensor may take on `client`; programs with a larger
   tensor are refused before they are compiled (see `EXLA.MLIR.Check`).

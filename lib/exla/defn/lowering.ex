@@ -88,8 +88,6 @@ defmodule EXLA.Defn.Lowering do
   alias Nx.Defn.{Composite, Expr}
   alias Nx.Tensor, as: T
 
-  @max_tensor_bytes 2 ** 47
-
   @doc """
   Lowers `output_expr` (any Nx container of expression tensors) whose
   parameters are described by `input_shapes`.
@@ -201,7 +199,7 @@ defmodule EXLA.Defn.Lowering do
         :hooks,
         precision: :default,
         lazy_inputs: false,
-        max_tensor_bytes: @max_tensor_bytes,
+        max_tensor_bytes: EXLA.Client.address_space_bytes(),
         donate: []
       ])
 
