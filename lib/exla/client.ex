@@ -147,6 +147,7 @@ defmodule EXLA.Client do
 
   use GenServer
   require Logger
+  require EXLA.Remote
 
   @platforms [:host, :cuda, :rocm, :tpu]
 
@@ -282,7 +283,7 @@ defmodule EXLA.Client do
   node's client of the same name.
   """
   @spec local(t()) :: t()
-  def local(%__MODULE__{ref: ref} = client) when node(ref) == node(), do: client
+  def local(%__MODULE__{ref: ref} = client) when EXLA.Remote.local?(ref), do: client
   def local(%__MODULE__{name: name}), do: fetch!(name)
 
   @doc """
@@ -646,7 +647,7 @@ defmodule EXLA.Client do
     ref = plugin |> EXLA.NIF.client_create(create_options, xla_options) |> ok!()
     info = ref |> EXLA.NIF.client_info() |> ok!()
 
-    if String.downcase(info.platform_name) == "cpu" and
+    if cpu_platform?(info.platform_name) and
          host_malloc_tuning?(System.get_env("EXLA_HOST_MALLOC_TUNING")) do
       EXLA.NIF.host_heap_keep_freed_memory()
     end
@@ -668,6 +669,12 @@ defmodule EXLA.Client do
   defp ok!(value), do: value
 
   @platform_names %{host: ["cpu", "host"], cuda: ["cuda", "gpu"], rocm: ["rocm", "gpu"]}
+
+  @doc false
+  # Whether a plugin's platform name is the CPU's: the one test wherever
+  # EXLA treats the CPU apart (its heap, its compile target).
+  def cpu_platform?(platform_name),
+    do: String.downcase(platform_name || "") in @platform_names.host
 
   defp warn_platform_mismatch(name, platform, platform_name, path) do
     expected = Map.get(@platform_names, platform)

@@ -486,7 +486,7 @@ defmodule EXLA.Executable do
         api_version: {info.api_major, info.api_minor},
         platform: {platform, info.platform_version},
         device_kind: kind,
-        cpu: if(platform in ["cpu", "host"], do: cpu_features())
+        cpu: if(EXLA.Client.cpu_platform?(platform), do: cpu_features())
       }
     end)
   end

@@ -54,7 +54,9 @@ defmodule EXLA.HostCallback do
   @taken 1
   @ended 2
 
-  @chain_shape EXLA.Shape.make_shape({:u, 64}, {})
+  # The shape of the chain's buffer: the chain's MLIR type, as a shape when
+  # this module compiles.
+  @chain_shape EXLA.MLIR.Type.to_shape(EXLA.Defn.Lowering.Hooks.chain_type())
 
   @doc """
   Registers the callback handler with the plugin of `client`; needed once

@@ -196,7 +196,7 @@ defmodule EXLA.Plugin.Install do
 
   defp with_tmp_dir(parent, fun) do
     unique = "#{System.os_time()}-#{:os.getpid()}-#{System.unique_integer([:positive])}"
-    tmp = Path.join(parent, ".tmp-" <> unique)
+    tmp = Path.join(parent, EXLA.AtomicFile.tmp_prefix() <> unique)
     File.mkdir_p!(tmp)
 
     try do
