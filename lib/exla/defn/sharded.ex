@@ -94,12 +94,10 @@ defmodule EXLA.Defn.Sharded do
         max_tensor_bytes: EXLA.Client.max_tensor_bytes(client)
       )
 
-    # The inputs the program reads are its parameters (all of them, unless
-    # the lowering leaves unused ones out).
-    params =
-      if length(lowered.input_shapes) == length(inputs),
-        do: Enum.to_list(0..(length(inputs) - 1)//1),
-        else: lowered.used_inputs
+    # The inputs the program reads are its parameters: without donation,
+    # lazy inputs or hooks (none is given above), the lowering keeps exactly
+    # those.
+    params = lowered.used_inputs
 
     param_shardings = Enum.map(params, &Enum.at(shardings, &1))
     param_inputs = Enum.map(params, &Enum.at(inputs, &1))
