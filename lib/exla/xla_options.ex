@@ -32,11 +32,6 @@ defmodule EXLA.XLAOptions do
 
   @whitespace [?\s, ?\t, ?\r, ?\n]
 
-  @doc """
-  The value ranges EXLA enforces, by option name.
-  """
-  def ranges, do: @ranges
-
   ## The host device count
 
   @doc """

@@ -27,10 +27,8 @@ defmodule EXLA.MLIR.Check do
   `EXLA.Executable.compile/3` are read with `module!/2`.
   """
 
+  # The longest FFT a program may compute.
   @max_fft_length 2 ** 28
-
-  @doc "The longest FFT a program may compute."
-  def max_fft_length, do: @max_fft_length
 
   @doc """
   Raises unless a tensor of `type` (`{element, dims}` as in
