@@ -142,7 +142,8 @@ defmodule EXLA.Defn.Stream do
     n_acc = length(step.accs)
     read = Lowering.read_inputs(expr)
     kept = for i <- 0..(length(state_types) - 1)//1, i < n_acc or (n_in + i) in read, do: i
-    step = Map.put(step, :kept, MapSet.new(kept))
+    kept_set = MapSet.new(kept)
+    step = Map.put(step, :kept, kept_set)
 
     state =
       Lowering.new_state(
@@ -152,10 +153,14 @@ defmodule EXLA.Defn.Stream do
       )
 
     main = &main(&1, &2, step)
-    kept_args = fn _b -> kept ++ [length(state_types)] end
+    # The kept parameters (and the chain, last) are known before lowering,
+    # so the builder the :kept function is given is not needed.
+    kept_params = kept ++ [length(state_types)]
 
     {mlir, b} =
-      Builder.module("main", state_types ++ [Hooks.chain_type()], main, state, kept: kept_args)
+      Builder.module("main", state_types ++ [Hooks.chain_type()], main, state,
+        kept: fn _b -> kept_params end
+      )
 
     HostCallback.install!(client)
     {param_types, result_types} = b.signature
@@ -170,7 +175,7 @@ defmodule EXLA.Defn.Stream do
 
     %{
       exe: exe,
-      state: MapSet.new(kept),
+      state: kept_set,
       sites: Map.new(b.assigns.hook_sites),
       input: Composite.traverse(input, &Nx.to_template/1),
       output: Composite.traverse(output, &Nx.to_template/1),
