@@ -123,6 +123,9 @@ defmodule EXLA.CompileCache do
   # (the `:cache` option) names. Returns `{executable, status}`, where
   # status is `:hit` (loaded from disk), `:miss` (compiled, and looked for
   # on disk first) or `:off` (compiled; no disk cache for this call).
+  # `:input_shapes` and `:output_shapes`, when given, must be those of
+  # `mlir`'s signature (as the lowering's are): the key hashes the text, so
+  # a file with this key has them, and they are not compared again.
   def compile(client, mlir, opts, cache) do
     case location(cache) do
       nil ->
@@ -132,7 +135,7 @@ defmodule EXLA.CompileCache do
         key = key(client, mlir, opts)
         path = entry_path(location, key)
 
-        case read(client, path, key, opts) do
+        case read(client, path, key) do
           {:ok, executable} ->
             if match?({:dir, _}, location), do: File.touch(path)
             {executable, :hit}
@@ -181,19 +184,12 @@ defmodule EXLA.CompileCache do
 
   # {:ok, executable}, or {:miss, write_always?}: a file that was there but
   # could not be used is replaced whatever the compile time.
-  defp read(client, path, key, opts) do
+  defp read(client, path, key) do
     case File.read(path) do
       {:ok, binary} ->
         case Executable.load(client, binary, %{cache_key: key}) do
-          {:ok, executable, _metadata} ->
-            if same_shapes?(executable, opts) do
-              {:ok, executable}
-            else
-              ignore(path, "its parameter or result shapes are not the program's")
-            end
-
-          {:error, message} ->
-            ignore(path, message)
+          {:ok, executable, _metadata} -> {:ok, executable}
+          {:error, message} -> ignore(path, message)
         end
 
       {:error, :enoent} ->
@@ -203,12 +199,6 @@ defmodule EXLA.CompileCache do
         warn_once(path, "could not read #{path}: #{:file.format_error(reason)}")
         {:miss, false}
     end
-  end
-
-  defp same_shapes?(executable, opts) do
-    Enum.all?([:input_shapes, :output_shapes], fn key ->
-      opts[key] == nil or opts[key] == Map.fetch!(executable, key)
-    end)
   end
 
   defp ignore(path, message) do
