@@ -360,9 +360,17 @@ defmodule EXLA.Executable do
 
         raise ArgumentError, message
 
+      {:error, :damaged, message} ->
+        report_damaged()
+        raise ArgumentError, message
+
       {:error, :invalid, message} ->
         raise ArgumentError, message
     end
+  end
+
+  defp report_damaged do
+    EXLA.NativeLog.integrity_failure("serialized executable", "its checksum does not match")
   end
 
   @doc """
@@ -377,6 +385,10 @@ defmodule EXLA.Executable do
   the map sealed with the executable; `expected` lists entries it must
   have (the compile cache checks its key this way), checked before the
   plugin sees anything too.
+
+  Unlike `deserialize/2`, it logs nothing: the caller has the error and
+  says where the binary came from (the compile cache warns naming its
+  file).
   """
   def load(client, binary, expected \\ %{}) when is_binary(binary) and is_map(expected) do
     with {:error, _reason, message} <- open(client, binary, expected) do
@@ -388,21 +400,31 @@ defmodule EXLA.Executable do
   # Loads a sealed executable (`serialize/1`'s binary) into `client`:
   # `{:ok, executable}`, or `{:error, :other_plugin}` when it was made by
   # another plugin or for another target (it would load and compute
-  # garbage). A damaged binary raises `ArgumentError`.
+  # garbage). A damaged binary raises `ArgumentError` (reported as by
+  # deserialize/2).
   def load_sealed(client, binary) when is_binary(binary) do
     case open(client, binary, %{}) do
-      {:ok, executable, _metadata} -> {:ok, executable}
-      {:error, :other_target, _message} -> {:error, :other_plugin}
-      {:error, :invalid, message} -> raise ArgumentError, message
+      {:ok, executable, _metadata} ->
+        {:ok, executable}
+
+      {:error, :other_target, _message} ->
+        {:error, :other_plugin}
+
+      {:error, :damaged, message} ->
+        report_damaged()
+        raise ArgumentError, message
+
+      {:error, :invalid, message} ->
+        raise ArgumentError, message
     end
   end
 
   # The one place that loads sealed executables: `{:ok, executable,
-  # metadata}`, or `{:error, :invalid | :other_target, message}`.
+  # metadata}`, or `{:error, :damaged | :invalid | :other_target, message}`.
   defp open(client, binary, expected) do
     client = EXLA.Client.local(client)
 
-    with {:ok, meta, blob} <- invalid(Sealed.open(binary)),
+    with {:ok, meta, blob} <- Sealed.open(binary),
          :ok <- invalid(check_expected(meta, expected)),
          :ok <- check_target(client, meta) do
       deserialize_blob(client, meta, blob)

@@ -113,6 +113,8 @@ defmodule EXLA.CompileCacheTest do
 
     assert log =~ "EXLA's compile cache ignores #{path}"
     assert log =~ warning
+    # one warning per damaged file: the cache's, which names it
+    refute log =~ "integrity check failed"
     assert {_, :hit} = CompileCache.compile(client, program(1.0), [], true)
   end
 

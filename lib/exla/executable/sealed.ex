@@ -60,14 +60,18 @@ defmodule EXLA.Executable.Sealed do
   def open!(sealed) do
     case open(sealed) do
       {:ok, metadata, blob} -> {metadata, blob}
-      {:error, message} -> raise ArgumentError, message
+      {:error, _reason, message} -> raise ArgumentError, message
     end
   end
 
   @doc """
   Opens a sealed binary: returns `{:ok, metadata, blob}`, or
-  `{:error, message}` when it is not one, is of another version or does
-  not match its checksum.
+  `{:error, :damaged, message}` when it does not match its checksum and
+  `{:error, :invalid, message}` when it is not one or is of another
+  version.
+
+  It logs nothing: whoever opens the binary knows what it is and where it
+  came from, and reports it (see `EXLA.Executable.deserialize/2`).
   """
   def open(<<@magic, version::16, _::binary>> = sealed) when byte_size(sealed) >= @overhead do
     body_size = byte_size(sealed) - @checksum_bytes
@@ -75,14 +79,12 @@ defmodule EXLA.Executable.Sealed do
 
     cond do
       version != @version ->
-        {:error,
+        {:error, :invalid,
          "the executable was serialized in format #{version}, but this EXLA reads " <>
            "format #{@version}; compile it again"}
 
       :crypto.hash(:sha256, body) != checksum ->
-        EXLA.NativeLog.integrity_failure("serialized executable", "its checksum does not match")
-
-        {:error,
+        {:error, :damaged,
          "the serialized executable is damaged (its checksum does not match); " <>
            "nothing was loaded"}
 
@@ -92,7 +94,7 @@ defmodule EXLA.Executable.Sealed do
   end
 
   def open(sealed) when is_binary(sealed) do
-    {:error, "not an executable serialized by EXLA.Executable.serialize/1"}
+    {:error, :invalid, "not an executable serialized by EXLA.Executable.serialize/1"}
   end
 
   # The checksum matched, so the sizes are the ones seal/2 wrote. The
@@ -114,5 +116,6 @@ defmodule EXLA.Executable.Sealed do
   # Only a binary sealed on purpose with a wrong layout gets here.
   defp decode(_body), do: malformed()
 
-  defp malformed, do: {:error, "the serialized executable is malformed; nothing was loaded"}
+  defp malformed,
+    do: {:error, :invalid, "the serialized executable is malformed; nothing was loaded"}
 end
