@@ -203,22 +203,26 @@ defmodule EXLA.XLAOptions do
 
   def check_flags!(flags, path) when is_binary(flags) do
     with {:ok, entries} <- parse_flags(flags),
-         {:ok, entries} <- plugin_knows_flags(entries, path),
-         :ok <- Enum.find_value(entries, :ok, &check_flag(&1, fields(path), flag_names(path))) do
+         :ok <- check_entries(entries, path) do
       :ok
     else
       {:error, reason} -> raise ArgumentError, "invalid XLA_FLAGS: " <> reason
     end
   end
 
-  defp plugin_knows_flags([], _path), do: {:ok, []}
+  # The plugin's options are only read when there are entries to check.
+  defp check_entries([], _path), do: :ok
 
-  defp plugin_knows_flags(entries, path) do
-    if fields(path),
-      do: {:ok, entries},
-      else:
+  defp check_entries(entries, path) do
+    case fields(path) do
+      nil ->
         {:error,
          "the PJRT plugin #{path} does not describe its options, so EXLA cannot check them"}
+
+      fields ->
+        flag_names = flag_names(path)
+        Enum.find_value(entries, :ok, &check_flag(&1, fields, flag_names))
+    end
   end
 
   defp check_flag({name, value}, fields, flag_names) do
