@@ -82,6 +82,20 @@ defmodule EXLA.StreamTest do
     assert Nx.to_number(Nx.Stream.done(stream)) == 3 + 1275
   end
 
+  test "a send of data that is no container of tensors raises ArgumentError and the stream goes on" do
+    stream = EXLA.stream(&sum/2, [Nx.tensor([0, 0]), Nx.tensor([0, 0])])
+
+    for data <- [[1, 2], :two, "12", nil, true, {Nx.tensor([1, 2]), [3]}] do
+      error = assert_raise ArgumentError, fn -> Nx.Stream.send(stream, data) end
+      assert error.message =~ "on send"
+      assert error.message =~ "not a tensor or a container of tensors"
+    end
+
+    Nx.Stream.send(stream, Nx.tensor([1, 2]))
+    assert Nx.to_flat_list(Nx.Stream.recv(stream)) == [0, 0]
+    assert Nx.to_flat_list(Nx.Stream.done(stream)) == [1, 2]
+  end
+
   test "a send of the wrong shape or type raises and the stream goes on" do
     stream = EXLA.stream(&sum/2, [Nx.tensor([0, 0]), Nx.tensor([0, 0])])
 

@@ -25,7 +25,8 @@ defmodule EXLA.Defn.Stream do
 
     * `send/2` of data that does not match the stream's input (type, shape,
       names, as `Nx.compatible?/2`) raises `ArgumentError`; the stream goes
-      on. Data may be any `Nx.LazyContainer`.
+      on. Data may be any `Nx.LazyContainer`; other data (a list, an atom,
+      a string) raises the same way.
 
     * `done/1` while outputs are not received yet raises `RuntimeError`
       ("cannot mark stream as done when there are recv messages pending")
@@ -239,8 +240,7 @@ defmodule EXLA.Defn.Stream do
 
   @doc false
   def send(%__MODULE__{} = stream, data) do
-    {template, funs} =
-      Nx.LazyContainer.traverse(data, [], fn template, fun, funs -> {template, [fun | funs]} end)
+    {template, funs} = traverse_input!(stream, data)
 
     unless Nx.compatible?(stream.input, template) do
       raise ArgumentError, """
@@ -256,6 +256,30 @@ defmodule EXLA.Defn.Stream do
 
     binaries = funs |> Enum.reverse() |> Enum.map(&(&1.() |> Nx.devectorize() |> Nx.to_binary()))
     HostCallback.push!(stream.run, binaries)
+  end
+
+  # The templates and the functions that build the data's tensors. Data
+  # that is not a container of tensors (a list, an atom, a string) matches
+  # no input either: it raises the same ArgumentError as a mismatch, not
+  # the protocol's error.
+  defp traverse_input!(stream, data) do
+    Nx.LazyContainer.traverse(data, [], fn template, fun, funs -> {template, [fun | funs]} end)
+  rescue
+    e in Protocol.UndefinedError ->
+      if e.protocol in [Nx.LazyContainer, Nx.Container] do
+        reraise ArgumentError,
+                """
+                Nx stream expected a tensor of type, shape, and names on send:
+
+                #{inspect(stream.input)}
+
+                But got #{inspect(e.value)}, which is not a tensor or a container \
+                of tensors.#{if e.description not in [nil, ""], do: " " <> e.description}
+                """,
+                __STACKTRACE__
+      else
+        reraise e, __STACKTRACE__
+      end
   end
 
   @doc false
