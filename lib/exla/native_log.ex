@@ -18,6 +18,7 @@ defmodule EXLA.NativeLog do
   | `exla::callback`  | warning | a host callback fails (its run fails)         | `site`, `error`                                |
   | `exla::integrity` | warning | a file fails an integrity check               | `subject`, `path`, `reason`                    |
   | `exla::run`       | trace   | a program runs (once per call)                | `arguments`, `donated`, `outputs`              |
+  | `exla::run`       | warning | a donated argument fails to free after a run  | `position`, `error`                            |
 
   At the debug level, failures that also raise (loading a plugin,
   creating a client, compiling) are reported with their `error`, as are
