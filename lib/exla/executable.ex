@@ -94,11 +94,13 @@ defmodule EXLA.Executable do
   them (internal options). A program compiled with them is taken as the
   lowering's, which checks its sizes and emits no feeds or calls: its text
   is neither read nor checked, and the plugin is not asked for its output
-  shapes.
+  shapes. A caller that knows its program's runs to be long although it
+  is small gives `run_on: :thread` (internal too; see "Where programs
+  run").
   """
   def compile(client, mlir, opts \\ []) when is_binary(mlir) do
     client = EXLA.Client.local(client)
-    {shapes, opts} = Keyword.split(opts, [:input_shapes, :output_shapes])
+    {shapes, opts} = Keyword.split(opts, [:input_shapes, :output_shapes, :run_on])
 
     opts =
       Keyword.validate!(opts,
@@ -126,7 +128,8 @@ defmodule EXLA.Executable do
       )
 
     output_shapes = shapes[:output_shapes] || plugin_output_shapes(ref)
-    new(ref, client, device_id, input_shapes, output_shapes, replicas, partitions, run_on(mlir))
+    run_on = if shapes[:run_on] == :thread, do: :thread, else: run_on(mlir)
+    new(ref, client, device_id, input_shapes, output_shapes, replicas, partitions, run_on)
   end
 
   defp plugin_output_shapes(ref) do
