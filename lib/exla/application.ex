@@ -15,6 +15,14 @@ defmodule EXLA.Application do
     Supervisor.start_link(children, strategy: :one_for_one, name: EXLA.Supervisor)
   end
 
+  @impl true
+  # A release stops its applications before the VM exits: a plugin
+  # warm-up still under way must end first (see EXLA.Client.WarmUp).
+  def prep_stop(state) do
+    EXLA.Client.WarmUp.await()
+    state
+  end
+
   @doc false
   # Outside releases (mix, iex, Livebook) the VM loads each module when it
   # is first called: the first compile of a VM loads about a hundred

@@ -63,6 +63,16 @@ defmodule EXLA.Client do
       is split into that many devices), from 1 to 1024. Only for `:host`
       clients. Defaults to the `XLA_FLAGS` setting below, else 1.
 
+    * `:warm_up` - whether creating a CPU client also does, in the
+      background, the work the plugin otherwise does on the first program
+      the process compiles and on its first matrix product (XLA's
+      one-time initialization; oneDNN generating its small-product
+      kernels, about 30 ms): a tiny program is compiled and run once, for
+      the first client of each plugin file. The end of a script and the
+      application's stop wait for it (at most 10 seconds): a VM exiting
+      while the plugin generates code would crash. Other platforms ignore
+      it. Defaults to `true`.
+
     * `:xla_options` - XLA compiler options (fields of XLA's `DebugOptions`,
       the ones `XLA_FLAGS` sets) that every compilation on the client uses,
       as a keyword list or map of booleans, integers, floats or strings.
@@ -148,6 +158,7 @@ defmodule EXLA.Client do
   use GenServer
   require Logger
   require EXLA.Remote
+  alias EXLA.Client.WarmUp
 
   @platforms [:host, :cuda, :rocm, :tpu]
 
@@ -188,7 +199,8 @@ defmodule EXLA.Client do
     preallocate: true,
     memory_fraction: 0.9,
     plugin: nil,
-    device_count: nil
+    device_count: nil,
+    warm_up: true
   ]
 
   # Allowed without a default: absent means the platform's defaults alone.
@@ -438,6 +450,7 @@ defmodule EXLA.Client do
        do: :ok
 
   defp check_option!(_name, _platform, {:preallocate, value}) when is_boolean(value), do: :ok
+  defp check_option!(_name, _platform, {:warm_up, value}) when is_boolean(value), do: :ok
 
   defp check_option!(_name, _platform, {:memory_fraction, value})
        when is_number(value) and value > 0 and value <= 1,
@@ -486,6 +499,7 @@ defmodule EXLA.Client do
 
   defp expected(:default_device_id), do: "a non-negative integer"
   defp expected(:preallocate), do: "a boolean"
+  defp expected(:warm_up), do: "a boolean"
   defp expected(:memory_fraction), do: "a number greater than 0 and at most 1"
   defp expected(:plugin), do: "a path (string)"
   defp expected(:device_count), do: "a positive integer"
@@ -578,7 +592,10 @@ defmodule EXLA.Client do
         client_config(Application.fetch_env!(:exla, :clients), name) ||
           raise ArgumentError, "could not find EXLA client named #{inspect(name)}"
 
-      build!(name, validate_options!(name, options))
+      options = validate_options!(name, options)
+      client = build!(name, options)
+      if options[:warm_up] and cpu_platform?(client.platform_name), do: WarmUp.start(client)
+      client
     end)
   end
 

@@ -215,7 +215,8 @@ defmodule EXLA.ClientTest do
         preallocate: true,
         memory_fraction: 0.9,
         plugin: nil,
-        device_count: nil
+        device_count: nil,
+        warm_up: true
       ]
 
       assert Enum.sort(Client.validate_options!(:a, [])) == Enum.sort(defaults)
@@ -235,6 +236,7 @@ defmodule EXLA.ClientTest do
          ~r/invalid :default_device_id .* non-negative integer, got: -1/},
         {[default_device_id: "0"], ~r/invalid :default_device_id/},
         {[preallocate: "yes"], ~r/invalid :preallocate for EXLA client :a: expected a boolean/},
+        {[warm_up: 1], ~r/invalid :warm_up for EXLA client :a: expected a boolean, got: 1/},
         {[memory_fraction: 0], ~r/invalid :memory_fraction .* greater than 0 and at most 1/},
         {[memory_fraction: 1.5], ~r/invalid :memory_fraction/},
         {[memory_fraction: "0.5"], ~r/invalid :memory_fraction/},
@@ -252,6 +254,73 @@ defmodule EXLA.ClientTest do
 
       assert_raise ArgumentError, ~r/to be a keyword list, got: %{}/, fn ->
         Client.validate_options!(:a, %{})
+      end
+    end
+  end
+
+  describe "warm-up" do
+    alias EXLA.Client.WarmUp
+
+    test "the first CPU client of a plugin file warms it up once, in the background" do
+      host = Client.fetch!(:host)
+      # Started when :host was created (warm_up defaults to true).
+      assert is_pid(:persistent_term.get({WarmUp, host.plugin_path}))
+      assert WarmUp.await() == :ok
+
+      name = unique_name(:same_plugin)
+      put_clients([{name, [platform: :host]}])
+      assert WarmUp.start(Client.fetch!(name)) == nil
+    end
+
+    test "compiles and runs its program, leaving no buffer behind" do
+      name = unique_name(:warm_up_off)
+      put_clients([{name, [platform: :host, warm_up: false]}])
+      client = Client.fetch!(name)
+      before = Client.get_memory_statistics(client)
+
+      assert WarmUp.run(client) == :ok
+      assert Client.get_memory_statistics(client).allocated == before.allocated
+    end
+
+    test "a caller may send a small program's runs to a native thread" do
+      client = Client.fetch!(:host)
+
+      mlir = """
+      module {
+        func.func public @main(%arg0: tensor<2xf32>) -> tensor<2xf32> {
+          %0 = "stablehlo.add"(%arg0, %arg0) : (tensor<2xf32>, tensor<2xf32>) -> tensor<2xf32>
+          "func.return"(%0) : (tensor<2xf32>) -> ()
+        }
+      }
+      """
+
+      assert EXLA.Executable.compile(client, mlir).run_on == :scheduler
+      exe = EXLA.Executable.compile(client, mlir, run_on: :thread)
+      assert exe.run_on == :thread
+      arg = {<<1.0::float-32-native, 2.0::float-32-native>>, EXLA.Shape.make_shape({:f, 32}, {2})}
+      [[out]] = EXLA.Executable.run(exe, [[arg]])
+      assert EXLA.DeviceBuffer.read(out) == <<2.0::float-32-native, 4.0::float-32-native>>
+    end
+
+    # An exit while the plugin generates code would crash the VM in C++
+    # exit handlers (measured: about half of the scripts below, those that
+    # end 20-60 ms after creating the client). Scripts wait for the warm-up.
+    @tag :slow
+    @tag :tmp_dir
+    test "a script that ends while the warm-up runs exits cleanly", %{tmp_dir: dir} do
+      paths = Enum.flat_map(:code.get_path(), &["-pa", List.to_string(&1)])
+
+      for delay <- 0..100//10 do
+        code = """
+        Application.ensure_all_started(:exla)
+        EXLA.Client.fetch!(:host)
+        Process.sleep(#{delay})
+        IO.puts(:done)
+        """
+
+        assert {"done\n", 0} =
+                 System.cmd(System.find_executable("elixir"), paths ++ ["-e", code], cd: dir),
+               "the script ending #{delay} ms after the client's creation"
       end
     end
   end

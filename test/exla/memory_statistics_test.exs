@@ -9,7 +9,8 @@ defmodule EXLA.MemoryStatisticsTest do
   @client :memory_statistics_test
 
   setup_all do
-    EXLA.TestClients.add(@client, platform: :host, device_count: 2)
+    # No warm-up run on it, should it be the first CPU client of the VM.
+    EXLA.TestClients.add(@client, platform: :host, device_count: 2, warm_up: false)
   end
 
   setup do

@@ -43,6 +43,10 @@ defmodule EXLA.TestPeer do
       :peer.start_link(%{
         name: :"#{name}_#{System.unique_integer([:positive])}",
         host: ~c"127.0.0.1",
+        # An orderly stop (init:stop) rather than a halt, so that the peer's
+        # applications stop first: EXLA waits for a plugin warm-up still
+        # under way (EXLA.Client.WarmUp), which a halt would crash.
+        shutdown: 10_000,
         args: [
           ~c"-setcookie",
           cookie,
