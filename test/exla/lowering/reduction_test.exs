@@ -93,6 +93,30 @@ defmodule EXLA.Lowering.ReductionTest do
       end
     end
 
+    # Up to 4,096 elements, the max/min and the NaN flags are one variadic
+    # reduction (one kernel); beyond, two reductions (both vectorized).
+    test "small and large reductions agree with the reference, with and without NaN" do
+      reduces = fn mlir -> length(Regex.scan(~r/"stablehlo.reduce"/, mlir)) end
+      mlir = fn x -> EXLA.to_mlir_module(&Nx.reduce_max/1, [x]).mlir_module end
+
+      assert reduces.(mlir.(Nx.iota({4096}, type: :f32))) == 1
+      assert reduces.(mlir.(Nx.iota({4097}, type: :f32))) == 2
+
+      for n <- [10, 4096, 4097, 65_536], type <- [:f32, :bf16] do
+        x = Nx.iota({n}, type: type) |> Nx.multiply(7) |> Nx.remainder(1001) |> Nx.subtract(500)
+        rows = Nx.reshape(x, if(rem(n, 16) == 0, do: {16, :auto}, else: {1, n}))
+        fun = &{Nx.reduce_max(&1), Nx.reduce_min(&1), Nx.reduce_max(&2, axes: [1])}
+
+        for {r, e} <- Enum.zip(run(fun, [x, rows]), Tuple.to_list(fun.(x, rows))) do
+          assert Nx.to_binary(r) == Nx.to_binary(e), "#{n} #{inspect(type)}"
+        end
+
+        with_nan = Nx.put_slice(x, [n - 1], Nx.tensor([:nan], type: type))
+        [max, min, _] = run(fun, [with_nan, rows])
+        assert {Nx.to_number(max), Nx.to_number(min)} == {:nan, :nan}, "#{n} #{inspect(type)}"
+      end
+    end
+
     test "all-NaN reductions and windows give NaN, not the initial value" do
       nans = Nx.broadcast(Nx.tensor(:nan), {3, 1000})
 
