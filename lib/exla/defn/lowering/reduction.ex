@@ -203,10 +203,15 @@ defmodule EXLA.Defn.Lowering.Reduction do
   # The float inputs of at most this many elements whose max/min and NaN
   # flags are reduced together. Measured on the CPU plugin, one reduction
   # of a pair compiles to one kernel instead of two (20-30 ms less compile
-  # time per reduction, 18 ms for the MLP training step), but XLA does not
-  # vectorize it: up to about 4,096 elements it runs as fast as the two
-  # (1,280 or 4,096 elements: within a few microseconds), at 65,536 it is
-  # 40-50% slower and at 4M three times.
+  # time per reduction), but XLA does not vectorize it: up to about 4,096
+  # elements it runs as fast as the two (1,280 or 4,096 elements: within a
+  # few microseconds), at 65,536 it is 40-50% slower and at 4M three times.
+  # XLA:CPU fuses a reduction into a consumer of its own size, but not one
+  # with two results: where the max/min is only used at its own size
+  # (`reduce_max(x, axes: [1]) * 2`), the pair costs a kernel instead. Where
+  # it is broadcast back over the reduced axes, as in softmax and logsumexp
+  # (and their gradients, and the MLP training step: 22 kernels instead of
+  # 23), it saves one.
   @paired_max_elements 4096
 
   defp small_float?(%{type: {{kind, _}, dims}}),
