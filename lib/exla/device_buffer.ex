@@ -149,10 +149,13 @@ defmodule EXLA.DeviceBuffer do
   before.
   """
   def deallocate(%__MODULE__{ref: ref, shape: shape}) when Remote.local?(ref) do
-    if Shape.byte_size(shape) < @small_delete do
-      NIF.unwrap!(NIF.buffer_delete(ref))
+    # :busy: a run on several devices is taking the buffer; deletion waits
+    # for it on a dirty scheduler.
+    with true <- Shape.byte_size(shape) < @small_delete,
+         result when result != :busy <- NIF.unwrap!(NIF.buffer_delete(ref)) do
+      result
     else
-      NIF.unwrap!(NIF.buffer_delete_dirty(ref))
+      _ -> NIF.unwrap!(NIF.buffer_delete_dirty(ref))
     end
   end
 

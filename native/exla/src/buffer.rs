@@ -39,16 +39,27 @@ impl BufferResource {
     }
 
     /// Frees the device memory now (unless it is gone already) and stops
-    /// counting it. Returns whether this call freed it.
+    /// counting it. Returns whether this call freed it. Waits while a
+    /// launch on several devices is taking the buffer.
     pub fn give_up(&self) -> NifResult<bool> {
         let deleted = self.0.delete()?;
         self.1.release();
         Ok(deleted)
     }
+
+    /// `give_up`, or `None` without waiting when a launch on several
+    /// devices is taking the buffer.
+    fn try_give_up(&self) -> NifResult<Option<bool>> {
+        let deleted = self.0.try_delete()?;
+        if deleted.is_some() {
+            self.1.release();
+        }
+        Ok(deleted)
+    }
 }
 
 mod atoms {
-    rustler::atoms! { ok, already_deallocated }
+    rustler::atoms! { ok, already_deallocated, busy }
 }
 
 /// Largest read done on a normal scheduler: a memcpy well under a millisecond.
@@ -144,24 +155,26 @@ fn buffer_read_dirty<'a>(
     Ok(out.release(env))
 }
 
-fn delete(buffer: &BufferResource) -> NifResult<Atom> {
-    Ok(if buffer.give_up()? {
+fn deleted(freed: bool) -> Atom {
+    if freed {
         atoms::ok()
     } else {
         atoms::already_deallocated()
-    })
+    }
 }
 
+/// Returns `busy` instead of waiting while a launch on several devices is
+/// taking the buffer; Elixir then calls `buffer_delete_dirty`, which waits.
 #[rustler::nif]
 fn buffer_delete(buffer: ResourceArc<BufferResource>) -> NifResult<Atom> {
-    delete(&buffer)
+    Ok(buffer.try_give_up()?.map_or_else(atoms::busy, deleted))
 }
 
 /// Deleting frees the memory at once: for large buffers, on a dirty
 /// scheduler (12 ms for 256 MiB on the host).
 #[rustler::nif(schedule = "DirtyIo")]
 fn buffer_delete_dirty(buffer: ResourceArc<BufferResource>) -> NifResult<Atom> {
-    delete(&buffer)
+    Ok(deleted(buffer.give_up()?))
 }
 
 /// Whether the data is computed; raises the computation's error if it failed.

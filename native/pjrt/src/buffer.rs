@@ -1,6 +1,6 @@
 //! Device buffers: reading, copying, deleting.
 
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard, TryLockError};
 
 use crate::client::Client;
 use crate::error::{Error, Result};
@@ -16,12 +16,19 @@ use crate::types::Shape;
 /// executing with it and deleting it are thread-safe in the plugins, except
 /// for the external reference count (the C API keeps the references in an
 /// unsynchronized vector), whose calls are serialized by `references`.
+///
+/// A launch on several devices holds `launches` for reading from its
+/// liveness check of the arguments until the plugin has taken them, and
+/// deletion holds it for writing: an argument deleted in between would
+/// start the other devices' parts, which then wait for the missing one in
+/// their collectives until XLA aborts the process.
 pub struct Buffer {
     client: Arc<Client>,
     raw: *mut PJRT_Buffer,
     shape: Shape,
     device: usize,
     references: Mutex<()>,
+    launches: RwLock<()>,
 }
 
 // SAFETY: PJRT buffers are thread-safe handles, apart from the external
@@ -42,6 +49,7 @@ impl Buffer {
             shape,
             device,
             references: Mutex::new(()),
+            launches: RwLock::new(()),
         }
     }
 
@@ -85,7 +93,30 @@ impl Buffer {
     }
 
     /// Frees the device memory now. Returns false if it was already gone.
+    /// Waits for a launch on several devices that uses the buffer to have
+    /// taken it (see `launches`).
     pub fn delete(&self) -> Result<bool> {
+        let _no_launch = self.launches.write().unwrap_or_else(|e| e.into_inner());
+        self.delete_now()
+    }
+
+    /// `delete`, or `None` without waiting when a launch on several devices
+    /// is taking the buffer.
+    pub fn try_delete(&self) -> Result<Option<bool>> {
+        let _no_launch = match self.launches.try_write() {
+            Ok(guard) => guard,
+            Err(TryLockError::Poisoned(e)) => e.into_inner(),
+            Err(TryLockError::WouldBlock) => return Ok(None),
+        };
+        self.delete_now().map(Some)
+    }
+
+    /// Holds off deletion until the guard is dropped.
+    pub(crate) fn hold_for_launch(&self) -> RwLockReadGuard<'_, ()> {
+        self.launches.read().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn delete_now(&self) -> Result<bool> {
         if self.is_deleted()? {
             return Ok(false);
         }

@@ -266,10 +266,15 @@ impl LoadedExecutable {
         // Here every argument must be live before the plugin is called: it
         // starts the parts whose arguments it accepts, and those wait in
         // their collectives for a part that never starts, until XLA aborts
-        // the process (after 40 s on the CPU plugin). This narrows, but
-        // cannot close, that window: another thread may still delete an
-        // argument between this check and the launch.
-        for arg in lists.iter().flat_map(|args| args.iter()) {
+        // the process (after 40 s on the CPU plugin). Deletion waits for
+        // the holds, from this check until the plugin has the arguments.
+        // They are taken once per buffer, in address order, so two
+        // launches cannot wait for each other behind a deletion.
+        let mut unique: Vec<&Buffer> = lists.iter().flat_map(|args| args.iter().copied()).collect();
+        unique.sort_by_key(|b| b.raw() as usize);
+        unique.dedup_by_key(|b| b.raw() as usize);
+        let _holds: Vec<_> = unique.iter().map(|b| b.hold_for_launch()).collect();
+        for arg in &unique {
             arg.ensure_live()?;
         }
         let raw_args: Vec<Vec<*mut PJRT_Buffer>> = lists

@@ -554,6 +554,49 @@ fn executing_with_a_deleted_argument_reports_a_deleted_buffer() {
     assert_eq!(read_f32(&out[1][0]), vec![6.0]);
 }
 
+/// A deletion racing a launch on several devices: before it, the launch
+/// refuses the argument; after it, the run computes. Never in between,
+/// where the other device's part would wait in the all-reduce for a part
+/// that never starts until XLA aborts the process (it did within a few
+/// hundred rounds before deletion waited for launches).
+#[test]
+fn deleting_an_argument_during_a_launch_on_several_devices() {
+    let client = client(2);
+    let sum = client
+        .compile(SHARDED_SUM.as_bytes(), 0, &spmd_options(2))
+        .unwrap()
+        .with_input_shapes(vec![f32_shape(&[2])]);
+    let (mut ran, mut refused) = (0, 0);
+    for round in 0..3000u64 {
+        let a0 = upload(&client, &[1.0, 2.0]);
+        let a1 = a0.copy_to_device(1).unwrap();
+        a1.wait().unwrap();
+        let result = std::thread::scope(|scope| {
+            scope.spawn(|| {
+                // A varying delay puts the deletion before, during or after the launch.
+                for i in 0..(round * 7919) % 20_000 {
+                    std::hint::black_box(i);
+                }
+                a1.try_delete()
+                    .unwrap()
+                    .unwrap_or_else(|| a1.delete().unwrap());
+            });
+            sum.execute_on_devices(&[&[&a0], &[&a1]], &[])
+        });
+        match result {
+            Ok(out) => {
+                assert_eq!(read_f32(&out[0][0]), vec![6.0]);
+                ran += 1;
+            }
+            Err(error) => {
+                assert_eq!(error, Error::DeletedBuffer);
+                refused += 1;
+            }
+        }
+    }
+    assert!(ran > 0 && refused > 0, "ran {ran}, refused {refused}");
+}
+
 fn refused<T>(result: Result<T, Error>) -> bool {
     matches!(result, Err(Error::InvalidArgument(_)))
 }
