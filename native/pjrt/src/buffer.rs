@@ -1,6 +1,6 @@
 //! Device buffers: reading, copying, deleting.
 
-use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard, TryLockError};
+use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard, TryLockError};
 
 use crate::client::Client;
 use crate::error::{Error, Result};
@@ -19,7 +19,8 @@ use crate::types::Shape;
 ///
 /// A launch on several devices holds `launches` for reading from its
 /// liveness check of the arguments until the plugin has taken them, and
-/// deletion holds it for writing: an argument deleted in between would
+/// deletion (or a run donating the buffer) holds it for writing: an
+/// argument deleted in between would
 /// start the other devices' parts, which then wait for the missing one in
 /// their collectives until XLA aborts the process.
 pub struct Buffer {
@@ -114,6 +115,17 @@ impl Buffer {
     /// Holds off deletion until the guard is dropped.
     pub(crate) fn hold_for_launch(&self) -> RwLockReadGuard<'_, ()> {
         self.launches.read().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Holds off launches on several devices, as deletion does, for a run
+    /// that donates the buffer (the plugin deletes it); `None` without
+    /// waiting when such a launch is taking it.
+    pub(crate) fn try_hold_for_donation(&self) -> Option<RwLockWriteGuard<'_, ()>> {
+        match self.launches.try_write() {
+            Ok(guard) => Some(guard),
+            Err(TryLockError::Poisoned(e)) => Some(e.into_inner()),
+            Err(TryLockError::WouldBlock) => None,
+        }
     }
 
     fn delete_now(&self) -> Result<bool> {

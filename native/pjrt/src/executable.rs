@@ -1,6 +1,8 @@
 //! Compiled programs: running them and serializing them.
 
-use std::sync::Arc;
+use std::ffi::c_int;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, RwLockWriteGuard};
 
 use crate::buffer::{explain, Buffer};
 use crate::client::Client;
@@ -234,9 +236,10 @@ impl LoadedExecutable {
             return Err(self.argument_lists_error(1));
         };
         self.check_arguments(args, device)?;
+        let _donated = hold_donated(donated_arguments(args, donatable))?;
         let raw_args: Vec<*mut PJRT_Buffer> = args.iter().map(|b| b.raw()).collect();
         let mut outputs = vec![std::ptr::null_mut(); self.output_shapes.len()];
-        self.launch(&[raw_args.as_ptr()], &[outputs.as_mut_ptr()], donatable)
+        self.launch(&[raw_args.as_ptr()], &[outputs.as_mut_ptr()], donatable, 0)
             .map_err(|e| explain(e, args.iter().copied()))?;
         Ok(self.wrap_outputs(outputs, device))
     }
@@ -269,12 +272,21 @@ impl LoadedExecutable {
         // the process (after 40 s on the CPU plugin). Deletion waits for
         // the holds, from this check until the plugin has the arguments.
         // They are taken once per buffer, in address order, so two
-        // launches cannot wait for each other behind a deletion.
+        // launches cannot wait for each other behind a deletion. A buffer
+        // this launch may donate is held as a donating run holds it.
+        let donated: Vec<(usize, &Buffer)> = lists
+            .iter()
+            .flat_map(|args| donated_arguments(args, donatable))
+            .collect();
+        let _donated = hold_donated(donated.iter().copied())?;
         let mut unique: Vec<&Buffer> = lists.iter().flat_map(|args| args.iter().copied()).collect();
         unique.sort_by_key(|b| b.raw() as usize);
         unique.dedup_by_key(|b| b.raw() as usize);
-        let _holds: Vec<_> = unique.iter().map(|b| b.hold_for_launch()).collect();
-        for arg in &unique {
+        let mut holds = Vec::with_capacity(unique.len());
+        for arg in unique {
+            if !donated.iter().any(|(_, d)| std::ptr::eq(*d, arg)) {
+                holds.push(arg.hold_for_launch());
+            }
             arg.ensure_live()?;
         }
         let raw_args: Vec<Vec<*mut PJRT_Buffer>> = lists
@@ -290,7 +302,7 @@ impl LoadedExecutable {
             .collect();
         let output_lists: Vec<*mut *mut PJRT_Buffer> =
             outputs.iter_mut().map(|list| list.as_mut_ptr()).collect();
-        self.launch(&arg_lists, &output_lists, donatable)
+        self.launch(&arg_lists, &output_lists, donatable, next_launch_id())
             .map_err(|e| explain(e, lists.iter().flat_map(|args| args.iter().copied())))?;
         Ok(outputs
             .into_iter()
@@ -301,12 +313,14 @@ impl LoadedExecutable {
 
     /// Calls the plugin's Execute: `arg_lists[i]` points at the arguments
     /// of device `i` (checked by the caller), `output_lists[i]` at room for
-    /// its outputs, which the plugin fills.
+    /// its outputs, which the plugin fills. `launch_id` is 0 for one
+    /// device, `next_launch_id()` for several.
     fn launch(
         &self,
         arg_lists: &[*const *mut PJRT_Buffer],
         output_lists: &[*mut *mut PJRT_Buffer],
         donatable: &[usize],
+        launch_id: c_int,
     ) -> Result<()> {
         let num_args = self.input_shapes.len();
         let kept: Vec<i64> = (0..num_args)
@@ -316,6 +330,7 @@ impl LoadedExecutable {
         let mut options = new_args!(ffi::PJRT_ExecuteOptions, incarnation_ids);
         options.non_donatable_input_indices = kept.as_ptr();
         options.num_non_donatable_input_indices = kept.len();
+        options.launch_id = launch_id;
         let mut exec = new_args!(ffi::PJRT_LoadedExecutable_Execute_Args, execute_device);
         exec.executable = self.raw;
         exec.options = &mut options;
@@ -392,4 +407,47 @@ unsafe fn slice_or_empty<'a, T>(ptr: *const T, len: usize) -> &'a [T] {
     } else {
         std::slice::from_raw_parts(ptr, len)
     }
+}
+
+/// The arguments at the `donatable` positions, with their positions.
+fn donated_arguments<'a, 'b>(
+    args: &'b [&'a Buffer],
+    donatable: &'b [usize],
+) -> impl Iterator<Item = (usize, &'a Buffer)> + 'b {
+    donatable.iter().filter_map(|&i| Some((i, *args.get(i)?)))
+}
+
+/// Holds `donated` arguments for a run that may donate them (the plugin
+/// deletes a donated buffer): a launch on several devices must not see one
+/// deleted after its liveness check (see `Buffer`). Such a launch holds
+/// its arguments only until the plugin has them, but a donating run may be
+/// on a scheduler of the VM: it fails rather than wait. Nothing is held,
+/// or allocated, without donation.
+fn hold_donated<'a>(
+    donated: impl Iterator<Item = (usize, &'a Buffer)>,
+) -> Result<Vec<RwLockWriteGuard<'a, ()>>> {
+    let mut donated: Vec<(usize, &Buffer)> = donated.collect();
+    donated.sort_by_key(|(_, b)| b.raw() as usize);
+    donated.dedup_by_key(|(_, b)| b.raw() as usize);
+    donated
+        .into_iter()
+        .map(|(i, buffer)| {
+            buffer.try_hold_for_donation().ok_or_else(|| {
+                Error::invalid(format!(
+                    "argument {i} is donated, but a run on several devices is taking it"
+                ))
+            })
+        })
+        .collect()
+}
+
+/// An id for a launch on several devices, positive and different from
+/// those of the launches that may run at the same time. The CPU plugin
+/// meets the parts of a launch in its collectives by this id (its "run
+/// id"), across the whole process: two clients' launches with the same id
+/// met each other, and XLA aborted the process.
+fn next_launch_id() -> c_int {
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let n = NEXT.fetch_add(1, Ordering::Relaxed) % c_int::MAX as u32;
+    n as c_int + 1
 }

@@ -29,6 +29,15 @@ module {
 }
 "#;
 
+const DOUBLE_DONATING: &str = r#"
+module {
+  func.func public @main(%a: tensor<2xf32> {tf.aliasing_output = 0 : i32}) -> tensor<2xf32> {
+    %0 = stablehlo.add %a, %a : tensor<2xf32>
+    return %0 : tensor<2xf32>
+  }
+}
+"#;
+
 const TWO_RESULTS: &str = r#"
 module {
   func.func public @main(%a: tensor<2x2xi64>) -> (tensor<2x2xi64>, tensor<i1>) {
@@ -554,11 +563,13 @@ fn executing_with_a_deleted_argument_reports_a_deleted_buffer() {
     assert_eq!(read_f32(&out[1][0]), vec![6.0]);
 }
 
-/// A deletion racing a launch on several devices: before it, the launch
-/// refuses the argument; after it, the run computes. Never in between,
-/// where the other device's part would wait in the all-reduce for a part
-/// that never starts until XLA aborts the process (it did within a few
-/// hundred rounds before deletion waited for launches).
+/// A deletion, or a run donating the buffer, racing a launch on several
+/// devices: before it, the launch refuses the argument; after it, the run
+/// computes (and a donating run that comes while the launch takes the
+/// buffer fails). Never in between, where the other device's part would
+/// wait in the all-reduce for a part that never starts until XLA aborts
+/// the process (it did within a few hundred rounds before deletion waited
+/// for launches).
 #[test]
 fn deleting_an_argument_during_a_launch_on_several_devices() {
     let client = client(2);
@@ -566,8 +577,9 @@ fn deleting_an_argument_during_a_launch_on_several_devices() {
         .compile(SHARDED_SUM.as_bytes(), 0, &spmd_options(2))
         .unwrap()
         .with_input_shapes(vec![f32_shape(&[2])]);
+    let donating = compile_on(&client, DOUBLE_DONATING, vec![f32_shape(&[2])], 1);
     let (mut ran, mut refused) = (0, 0);
-    for round in 0..3000u64 {
+    for round in 0..4000u64 {
         let a0 = upload(&client, &[1.0, 2.0]);
         let a1 = a0.copy_to_device(1).unwrap();
         a1.wait().unwrap();
@@ -577,9 +589,14 @@ fn deleting_an_argument_during_a_launch_on_several_devices() {
                 for i in 0..(round * 7919) % 20_000 {
                     std::hint::black_box(i);
                 }
-                a1.try_delete()
-                    .unwrap()
-                    .unwrap_or_else(|| a1.delete().unwrap());
+                if round % 2 == 0 {
+                    a1.try_delete()
+                        .unwrap()
+                        .unwrap_or_else(|| a1.delete().unwrap());
+                } else if let Err(error) = donating.execute(&[&a1], &[0]) {
+                    let busy = format!("{error}").contains("is donated");
+                    assert!(error == Error::DeletedBuffer || busy, "{error}");
+                }
             });
             sum.execute_on_devices(&[&[&a0], &[&a1]], &[])
         });
@@ -595,6 +612,32 @@ fn deleting_an_argument_during_a_launch_on_several_devices() {
         }
     }
     assert!(ran > 0 && refused > 0, "ran {ran}, refused {refused}");
+}
+
+/// Programs with collectives on two clients at once. The CPU plugin meets
+/// the parts of a launch by its launch id, over the whole process: with the
+/// same id for every launch, two clients' parts met each other and XLA
+/// aborted ("Unexpected number of participants"). Each launch on several
+/// devices now has an id of its own.
+#[test]
+fn collectives_of_two_clients_run_at_once() {
+    let clients = [client(2), client(2)];
+    std::thread::scope(|scope| {
+        for client in &clients {
+            scope.spawn(move || {
+                let sum = client
+                    .compile(SHARDED_SUM.as_bytes(), 0, &spmd_options(2))
+                    .unwrap()
+                    .with_input_shapes(vec![f32_shape(&[2])]);
+                let a0 = upload(client, &[1.0, 2.0]);
+                let a1 = a0.copy_to_device(1).unwrap();
+                for _ in 0..2000 {
+                    let out = sum.execute_on_devices(&[&[&a0], &[&a1]], &[]).unwrap();
+                    assert_eq!(read_f32(&out[1][0]), vec![6.0]);
+                }
+            });
+        }
+    });
 }
 
 fn refused<T>(result: Result<T, Error>) -> bool {
