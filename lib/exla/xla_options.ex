@@ -90,7 +90,12 @@ defmodule EXLA.XLAOptions do
   Checks a client's `:xla_options` against the options of the plugin at
   `path`: each must be one of them, with a value of its type. Their ranges
   are `check_ranges!/2`'s, which validated the client's options before.
+  Without options the plugin file is not read (25 ms of a client's
+  creation).
   """
+  def check_options!(options, _path, _client_name) when options == [] or options == %{},
+    do: :ok
+
   def check_options!(options, path, client_name) do
     case fields(path) do
       nil ->
