@@ -12,15 +12,29 @@ defmodule EXLA.Application do
       {Task, &preload_code/0}
     ]
 
+    # The end of a script (mix run, elixir, mix test) waits too.
+    System.at_exit(fn _status -> await_native_work() end)
     Supervisor.start_link(children, strategy: :one_for_one, name: EXLA.Supervisor)
   end
 
   @impl true
-  # A release stops its applications before the VM exits: a plugin
-  # warm-up still under way must end first (see EXLA.Client.WarmUp).
+  # A release stops its applications before the VM exits.
   def prep_stop(state) do
-    EXLA.Client.WarmUp.await()
+    await_native_work()
     state
+  end
+
+  @doc false
+  # An orderly exit waits, for at most `timeout` milliseconds each, for the
+  # native work the VM must not exit under: C++ exit handlers free global
+  # tables of the plugin that a compile, or oneDNN's code generation in a
+  # plugin warm-up (EXLA.Client.WarmUp), is using, and the VM crashes
+  # (segfault). Runs are not waited for (a run may wait for a BEAM
+  # process, as host callbacks do). `System.halt/1` waits for nothing.
+  def await_native_work(timeout \\ 10_000) do
+    EXLA.Client.WarmUp.await(timeout)
+    EXLA.NIF.compiles_wait_idle(timeout)
+    :ok
   end
 
   @doc false

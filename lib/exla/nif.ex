@@ -45,6 +45,7 @@ defmodule EXLA.NIF do
   def client_create(_plugin, _options, _xla_options), do: nif_error()
   def client_info(_client), do: nif_error()
   def host_heap_keep_freed_memory, do: nif_error()
+  def compiles_wait_idle(_timeout_ms), do: nif_error()
   def plugin_xla_options(_path), do: nif_error()
   def plugin_flag_names(_path), do: nif_error()
   def xla_flags_env, do: nif_error()

@@ -265,7 +265,7 @@ defmodule EXLA.ClientTest do
       host = Client.fetch!(:host)
       # Started when :host was created (warm_up defaults to true).
       assert is_pid(:persistent_term.get({WarmUp, host.plugin_path}))
-      assert WarmUp.await() == :ok
+      assert WarmUp.await(10_000) == :ok
 
       name = unique_name(:same_plugin)
       put_clients([{name, [platform: :host]}])
@@ -321,6 +321,35 @@ defmodule EXLA.ClientTest do
         assert {"done\n", 0} =
                  System.cmd(System.find_executable("elixir"), paths ++ ["-e", code], cd: dir),
                "the script ending #{delay} ms after the client's creation"
+      end
+    end
+  end
+
+  describe "exits" do
+    # C++ exit handlers free the compiler's global tables under a compile
+    # still under way: a script that ended during one crashed (segfault) in
+    # about one run in five, late in the compile. The end of a script waits
+    # for compiles queued or running (EXLA.Application.await_native_work/1).
+    @tag :slow
+    @tag :tmp_dir
+    test "a script that ends while a compile runs exits cleanly", %{tmp_dir: dir} do
+      paths = Enum.flat_map(:code.get_path(), &["-pa", List.to_string(&1)])
+
+      for delay <- 100..500//50 do
+        code = """
+        Application.ensure_all_started(:exla)
+        Application.put_env(:exla, :cache_dir, false)
+        x = Nx.iota({64}, type: :f32, backend: EXLA.Backend)
+        EXLA.Client.WarmUp.await(10_000)
+        chain = fn x -> Enum.reduce(1..40, x, fn _, acc -> Nx.subtract(acc, Nx.sum(acc)) end) end
+        Task.start(fn -> EXLA.compile(chain, [x]) end)
+        Process.sleep(#{delay})
+        IO.puts(:done)
+        """
+
+        assert {"done\n", 0} =
+                 System.cmd(System.find_executable("elixir"), paths ++ ["-e", code], cd: dir),
+               "the script ending #{delay} ms into the compile"
       end
     end
   end

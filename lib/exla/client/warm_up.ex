@@ -36,9 +36,6 @@ defmodule EXLA.Client.WarmUp do
   }
   """
 
-  # How long an orderly exit waits for a warm-up still under way.
-  @exit_wait 10_000
-
   @doc """
   Starts the warm-up of `client`'s plugin in the background, unless one
   was started for the same plugin file already. Returns the pid of the
@@ -46,8 +43,8 @@ defmodule EXLA.Client.WarmUp do
 
   An exit while the plugin generates code crashes the VM (the C++ exit
   handlers free the code generator's tables under it), so the end of a
-  script (`System.at_exit/1`) and the application's stop (`await/1`) wait
-  for it.
+  script and the application's stop wait for it (see
+  `EXLA.Application.await_native_work/1`).
   """
   def start(%EXLA.Client{plugin_path: path} = client) do
     if :persistent_term.get({__MODULE__, path}, nil) do
@@ -60,7 +57,6 @@ defmodule EXLA.Client.WarmUp do
         pid | :persistent_term.get({__MODULE__, :all}, [])
       ])
 
-      System.at_exit(fn _status -> await(@exit_wait) end)
       pid
     end
   end
@@ -69,7 +65,7 @@ defmodule EXLA.Client.WarmUp do
   Waits until every warm-up started has ended, for at most `timeout`
   milliseconds in all. Returns `:ok` or `:timeout`.
   """
-  def await(timeout \\ @exit_wait) do
+  def await(timeout) do
     deadline = System.monotonic_time(:millisecond) + timeout
 
     {__MODULE__, :all}

@@ -18,10 +18,16 @@
 //!   garbage collection of a term, the eviction of a cached program).
 //!
 //! Threads beyond `CORE_THREADS` exit after `KEEP_ALIVE` without work.
+//!
+//! The VM must not exit while a compile is under way: C++ exit handlers
+//! free the compiler's global tables under it (a segfault in about one
+//! script in five that ended during a compile). `compiles_wait_idle` lets
+//! an orderly exit wait for the compile pool's jobs, queued or running.
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Mutex, OnceLock};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 use rustler::{Atom, Encoder, Env, OwnedEnv, Term};
@@ -56,6 +62,8 @@ pub struct Pool {
     name: &'static str,
     stack_size: usize,
     max_threads: usize,
+    /// Counts its jobs in `COMPILES_IN_FLIGHT` (see the module's doc).
+    awaited_at_exit: bool,
     jobs: Sender<Job>,
     queue: Receiver<Job>,
     counts: Mutex<Counts>,
@@ -77,7 +85,9 @@ pub fn compiles() -> &'static Pool {
     static POOL: OnceLock<Pool> = OnceLock::new();
     POOL.get_or_init(|| {
         let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
-        Pool::new("exla-compile", COMPILE_STACK, cores.max(2))
+        let mut pool = Pool::new("exla-compile", COMPILE_STACK, cores.max(2));
+        pool.awaited_at_exit = true;
+        pool
     })
 }
 
@@ -144,6 +154,7 @@ impl Pool {
             name,
             stack_size,
             max_threads,
+            awaited_at_exit: false,
             jobs,
             queue,
             counts: Mutex::default(),
@@ -157,6 +168,15 @@ impl Pool {
     /// Queues `job`, starting a thread for it when none is idle (and the
     /// pool may grow).
     pub fn submit(&'static self, job: Job) -> std::io::Result<()> {
+        let job = if self.awaited_at_exit {
+            let in_flight = InFlight::enter();
+            Box::new(move || {
+                let _in_flight = in_flight;
+                job()
+            })
+        } else {
+            job
+        };
         let mut counts = self.counts();
         if counts.queued >= counts.idle && counts.threads < self.max_threads {
             std::thread::Builder::new()
@@ -216,6 +236,47 @@ impl Pool {
     }
 }
 
+/// Jobs of the compile pool queued or running.
+static COMPILES_IN_FLIGHT: AtomicUsize = AtomicUsize::new(0);
+
+/// One job counted in `COMPILES_IN_FLIGHT` until dropped (with the job,
+/// run or not).
+struct InFlight;
+
+impl InFlight {
+    fn enter() -> InFlight {
+        COMPILES_IN_FLIGHT.fetch_add(1, Ordering::SeqCst);
+        InFlight
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        COMPILES_IN_FLIGHT.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// Waits until no compile, serialization or deserialization is queued or
+/// running, for at most `timeout_ms`; returns whether none is.
+#[rustler::nif(schedule = "DirtyIo")]
+fn compiles_wait_idle(timeout_ms: u64) -> bool {
+    wait_for_compiles(Duration::from_millis(timeout_ms))
+}
+
+/// Polls: it only runs as the VM exits.
+fn wait_for_compiles(timeout: Duration) -> bool {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if COMPILES_IN_FLIGHT.load(Ordering::SeqCst) == 0 {
+            return true;
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
 /// A result as the BEAM sees it: `{:ok, value}` or `{:error, {kind, message}}`.
 pub fn encode_result<'a, T: Encoder>(env: Env<'a>, result: NifResult<T>) -> Term<'a> {
     match result {
@@ -253,6 +314,26 @@ mod tests {
 
     fn leaked(max_threads: usize) -> &'static Pool {
         Box::leak(Box::new(Pool::new("exla-test", 1 << 20, max_threads)))
+    }
+
+    /// Waiting for the compile pool covers queued jobs and running ones,
+    /// and gives up at the timeout.
+    #[test]
+    fn waits_for_compile_jobs_queued_or_running() {
+        let pool = Box::leak(Box::new(Pool::new("exla-test", 1 << 20, 1)));
+        pool.awaited_at_exit = true;
+        let done = Arc::new(AtomicUsize::new(0));
+        for _ in 0..2 {
+            let done = done.clone();
+            pool.submit(Box::new(move || {
+                std::thread::sleep(Duration::from_millis(100));
+                done.fetch_add(1, Ordering::SeqCst);
+            }))
+            .unwrap();
+        }
+        assert!(!wait_for_compiles(Duration::from_millis(20)));
+        assert!(wait_for_compiles(Duration::from_secs(10)));
+        assert_eq!(done.load(Ordering::SeqCst), 2);
     }
 
     /// Jobs that wait for each other all run: a busy pool starts threads.
