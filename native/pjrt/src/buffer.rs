@@ -20,9 +20,9 @@ use crate::types::Shape;
 /// A launch on several devices holds `launches` for reading from its
 /// liveness check of the arguments until the plugin has taken them, and
 /// deletion (or a run donating the buffer) holds it for writing: an
-/// argument deleted in between would
-/// start the other devices' parts, which then wait for the missing one in
-/// their collectives until XLA aborts the process.
+/// argument deleted in between would start the other devices' parts,
+/// which then wait for the missing one in their collectives until XLA
+/// aborts the process.
 pub struct Buffer {
     client: Arc<Client>,
     raw: *mut PJRT_Buffer,
@@ -104,12 +104,10 @@ impl Buffer {
     /// `delete`, or `None` without waiting when a launch on several devices
     /// is taking the buffer.
     pub fn try_delete(&self) -> Result<Option<bool>> {
-        let _no_launch = match self.launches.try_write() {
-            Ok(guard) => guard,
-            Err(TryLockError::Poisoned(e)) => e.into_inner(),
-            Err(TryLockError::WouldBlock) => return Ok(None),
-        };
-        self.delete_now().map(Some)
+        match self.try_hold_exclusive() {
+            Some(_no_launch) => self.delete_now().map(Some),
+            None => Ok(None),
+        }
     }
 
     /// Holds off deletion until the guard is dropped.
@@ -117,10 +115,10 @@ impl Buffer {
         self.launches.read().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Holds off launches on several devices, as deletion does, for a run
-    /// that donates the buffer (the plugin deletes it); `None` without
-    /// waiting when such a launch is taking it.
-    pub(crate) fn try_hold_for_donation(&self) -> Option<RwLockWriteGuard<'_, ()>> {
+    /// Holds off launches on several devices, as deletion does (a run
+    /// that donates the buffer, which the plugin deletes, holds it so);
+    /// `None` without waiting when such a launch is taking it.
+    pub(crate) fn try_hold_exclusive(&self) -> Option<RwLockWriteGuard<'_, ()>> {
         match self.launches.try_write() {
             Ok(guard) => Some(guard),
             Err(TryLockError::Poisoned(e)) => Some(e.into_inner()),

@@ -236,7 +236,15 @@ impl LoadedExecutable {
             return Err(self.argument_lists_error(1));
         };
         self.check_arguments(args, device)?;
-        let _donated = hold_donated(donated_arguments(args, donatable))?;
+        // Once per buffer: one passed at two donated positions is the
+        // plugin's to refuse.
+        let mut donated: Vec<(usize, &Buffer)> = donated_arguments(args, donatable).collect();
+        donated.sort_by_key(|(_, b)| b.raw() as usize);
+        donated.dedup_by_key(|(_, b)| b.raw() as usize);
+        let _donated = donated
+            .into_iter()
+            .map(|(position, arg)| hold_donated(position, arg))
+            .collect::<Result<Vec<_>>>()?;
         let raw_args: Vec<*mut PJRT_Buffer> = args.iter().map(|b| b.raw()).collect();
         let mut outputs = vec![std::ptr::null_mut(); self.output_shapes.len()];
         self.launch(&[raw_args.as_ptr()], &[outputs.as_mut_ptr()], donatable, 0)
@@ -270,22 +278,23 @@ impl LoadedExecutable {
         // starts the parts whose arguments it accepts, and those wait in
         // their collectives for a part that never starts, until XLA aborts
         // the process (after 40 s on the CPU plugin). Deletion waits for
-        // the holds, from this check until the plugin has the arguments.
-        // They are taken once per buffer, in address order, so two
-        // launches cannot wait for each other behind a deletion. A buffer
-        // this launch may donate is held as a donating run holds it.
+        // the holds, from this check until the plugin has the arguments; a
+        // buffer this launch may donate is held as a donating run holds it.
+        // They are taken once per buffer, in address order, and only the
+        // shared ones wait: two launches cannot wait for each other behind
+        // a deletion.
         let donated: Vec<(usize, &Buffer)> = lists
             .iter()
             .flat_map(|args| donated_arguments(args, donatable))
             .collect();
-        let _donated = hold_donated(donated.iter().copied())?;
         let mut unique: Vec<&Buffer> = lists.iter().flat_map(|args| args.iter().copied()).collect();
         unique.sort_by_key(|b| b.raw() as usize);
         unique.dedup_by_key(|b| b.raw() as usize);
-        let mut holds = Vec::with_capacity(unique.len());
+        let (mut shared, mut exclusive) = (Vec::new(), Vec::new());
         for arg in unique {
-            if !donated.iter().any(|(_, d)| std::ptr::eq(*d, arg)) {
-                holds.push(arg.hold_for_launch());
+            match donated.iter().find(|(_, d)| std::ptr::eq(*d, arg)) {
+                Some(&(position, _)) => exclusive.push(hold_donated(position, arg)?),
+                None => shared.push(arg.hold_for_launch()),
             }
             arg.ensure_live()?;
         }
@@ -417,28 +426,17 @@ fn donated_arguments<'a, 'b>(
     donatable.iter().filter_map(|&i| Some((i, *args.get(i)?)))
 }
 
-/// Holds `donated` arguments for a run that may donate them (the plugin
-/// deletes a donated buffer): a launch on several devices must not see one
-/// deleted after its liveness check (see `Buffer`). Such a launch holds
-/// its arguments only until the plugin has them, but a donating run may be
-/// on a scheduler of the VM: it fails rather than wait. Nothing is held,
-/// or allocated, without donation.
-fn hold_donated<'a>(
-    donated: impl Iterator<Item = (usize, &'a Buffer)>,
-) -> Result<Vec<RwLockWriteGuard<'a, ()>>> {
-    let mut donated: Vec<(usize, &Buffer)> = donated.collect();
-    donated.sort_by_key(|(_, b)| b.raw() as usize);
-    donated.dedup_by_key(|(_, b)| b.raw() as usize);
-    donated
-        .into_iter()
-        .map(|(i, buffer)| {
-            buffer.try_hold_for_donation().ok_or_else(|| {
-                Error::invalid(format!(
-                    "argument {i} is donated, but a run on several devices is taking it"
-                ))
-            })
-        })
-        .collect()
+/// Holds the argument at `position` for a run that may donate it (the
+/// plugin deletes a donated buffer): a launch on several devices must not
+/// see it deleted after its liveness check (see `Buffer`). Such a launch
+/// holds its arguments only until the plugin has them, but a donating run
+/// may be on a scheduler of the VM: it fails rather than wait.
+fn hold_donated(position: usize, arg: &Buffer) -> Result<RwLockWriteGuard<'_, ()>> {
+    arg.try_hold_exclusive().ok_or_else(|| {
+        Error::invalid(format!(
+            "argument {position} is donated, but a run on several devices is taking it"
+        ))
+    })
 }
 
 /// An id for a launch on several devices, positive and different from
