@@ -47,19 +47,20 @@ defmodule EXLA.Client.WarmUp do
   `EXLA.Application.await_native_work/1`).
   """
   def start(%EXLA.Client{plugin_path: path} = client) do
-    if :persistent_term.get({__MODULE__, path}, nil) do
+    started = started()
+
+    if Map.has_key?(started, path) do
       nil
     else
       {:ok, pid} = Task.start(fn -> run(client) end)
-      :persistent_term.put({__MODULE__, path}, pid)
-
-      :persistent_term.put({__MODULE__, :all}, [
-        pid | :persistent_term.get({__MODULE__, :all}, [])
-      ])
-
+      :persistent_term.put({__MODULE__, :started}, Map.put(started, path, pid))
       pid
     end
   end
+
+  # Plugin file => the process warming it up (or that did). Client creation
+  # is serialized, so the read and the write of start/1 do not race.
+  defp started, do: :persistent_term.get({__MODULE__, :started}, %{})
 
   @doc """
   Waits until every warm-up started has ended, for at most `timeout`
@@ -68,9 +69,7 @@ defmodule EXLA.Client.WarmUp do
   def await(timeout) do
     deadline = System.monotonic_time(:millisecond) + timeout
 
-    {__MODULE__, :all}
-    |> :persistent_term.get([])
-    |> Enum.reduce(:ok, fn pid, result ->
+    Enum.reduce(Map.values(started()), :ok, fn pid, result ->
       ref = Process.monitor(pid)
       left = max(deadline - System.monotonic_time(:millisecond), 0)
 
