@@ -17,19 +17,22 @@ use crate::types::Shape;
 /// for the external reference count (the C API keeps the references in an
 /// unsynchronized vector), whose calls are serialized by `references`.
 ///
-/// A launch on several devices holds `launches` for reading from its
-/// liveness check of the arguments until the plugin has taken them, and
-/// deletion (or a run donating the buffer) holds it for writing: an
+/// `holds` keeps deletion out of two places where the plugin does not
+/// bear it. A launch on several devices holds it for reading from its
+/// liveness check of the arguments until the plugin has taken them (an
 /// argument deleted in between would start the other devices' parts,
 /// which then wait for the missing one in their collectives until XLA
-/// aborts the process.
+/// aborts the process), and so does an external reference, from its
+/// liveness check until it is released (the plugin takes one on a deleted
+/// buffer by reading freed memory: a segfault). Deletion, and a run
+/// donating the buffer, hold it for writing.
 pub struct Buffer {
     client: Arc<Client>,
     raw: *mut PJRT_Buffer,
     shape: Shape,
     device: usize,
     references: Mutex<()>,
-    launches: RwLock<()>,
+    holds: RwLock<()>,
 }
 
 // SAFETY: PJRT buffers are thread-safe handles, apart from the external
@@ -50,7 +53,7 @@ impl Buffer {
             shape,
             device,
             references: Mutex::new(()),
-            launches: RwLock::new(()),
+            holds: RwLock::new(()),
         }
     }
 
@@ -94,32 +97,32 @@ impl Buffer {
     }
 
     /// Frees the device memory now. Returns false if it was already gone.
-    /// Waits for a launch on several devices that uses the buffer to have
-    /// taken it (see `launches`).
+    /// Waits for a launch on several devices that is taking the buffer,
+    /// and for reads under way (see `holds`).
     pub fn delete(&self) -> Result<bool> {
-        let _no_launch = self.launches.write().unwrap_or_else(|e| e.into_inner());
+        let _exclusive = self.holds.write().unwrap_or_else(|e| e.into_inner());
         self.delete_now()
     }
 
     /// `delete`, or `None` without waiting when a launch on several devices
-    /// is taking the buffer.
+    /// is taking the buffer or a read is under way.
     pub fn try_delete(&self) -> Result<Option<bool>> {
         match self.try_hold_exclusive() {
-            Some(_no_launch) => self.delete_now().map(Some),
+            Some(_exclusive) => self.delete_now().map(Some),
             None => Ok(None),
         }
     }
 
     /// Holds off deletion until the guard is dropped.
-    pub(crate) fn hold_for_launch(&self) -> RwLockReadGuard<'_, ()> {
-        self.launches.read().unwrap_or_else(|e| e.into_inner())
+    pub(crate) fn hold_shared(&self) -> RwLockReadGuard<'_, ()> {
+        self.holds.read().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Holds off launches on several devices, as deletion does (a run
-    /// that donates the buffer, which the plugin deletes, holds it so);
-    /// `None` without waiting when such a launch is taking it.
+    /// Holds off launches on several devices and reads, as deletion does (a
+    /// run that donates the buffer, which the plugin deletes, holds it so);
+    /// `None` without waiting when one of those is under way.
     pub(crate) fn try_hold_exclusive(&self) -> Option<RwLockWriteGuard<'_, ()>> {
-        match self.launches.try_write() {
+        match self.holds.try_write() {
             Ok(guard) => Some(guard),
             Err(TryLockError::Poisoned(e)) => Some(e.into_inner()),
             Err(TryLockError::WouldBlock) => None,
@@ -184,8 +187,8 @@ impl Buffer {
             return Ok(false);
         }
         self.check_read_size(dst.len())?;
-        // An external reference keeps the memory alive, and stops donation,
-        // while it is read even if another thread deletes the buffer.
+        // An external reference keeps the memory alive, and deletion and
+        // donation wait (see `holds`), while it is read.
         let _reference = self.external_reference()?;
         let mut ptr = new_args!(ffi::PJRT_Buffer_UnsafePointer_Args, buffer_pointer);
         ptr.buffer = self.raw;
@@ -206,7 +209,10 @@ impl Buffer {
     }
 
     /// Takes an external reference, released when the guard is dropped.
+    /// Deletion waits until then (see `holds`).
     fn external_reference(&self) -> Result<ExternalReference<'_>> {
+        let hold = self.hold_shared();
+        self.ensure_live()?;
         let mut inc = new_args!(ffi::PJRT_Buffer_IncreaseExternalReferenceCount_Args, buffer);
         inc.buffer = self.raw;
         {
@@ -218,7 +224,10 @@ impl Buffer {
             )
         }
         .map_err(|e| self.explain(e))?;
-        Ok(ExternalReference { buffer: self })
+        Ok(ExternalReference {
+            buffer: self,
+            _hold: hold,
+        })
     }
 
     /// Copies the first `dst.len()` bytes to the host, blocking until done.
@@ -292,6 +301,8 @@ pub(crate) fn explain<'a>(error: Error, buffers: impl IntoIterator<Item = &'a Bu
 /// An external reference on a buffer, released on drop.
 struct ExternalReference<'a> {
     buffer: &'a Buffer,
+    /// Released after the reference (fields drop after `drop`).
+    _hold: RwLockReadGuard<'a, ()>,
 }
 
 impl Drop for ExternalReference<'_> {

@@ -294,7 +294,7 @@ impl LoadedExecutable {
         for arg in unique {
             match donated.iter().find(|(_, d)| std::ptr::eq(*d, arg)) {
                 Some(&(position, _)) => exclusive.push(hold_donated(position, arg)?),
-                None => shared.push(arg.hold_for_launch()),
+                None => shared.push(arg.hold_shared()),
             }
             arg.ensure_live()?;
         }
@@ -427,14 +427,15 @@ fn donated_arguments<'a, 'b>(
 }
 
 /// Holds the argument at `position` for a run that may donate it (the
-/// plugin deletes a donated buffer): a launch on several devices must not
-/// see it deleted after its liveness check (see `Buffer`). Such a launch
-/// holds its arguments only until the plugin has them, but a donating run
-/// may be on a scheduler of the VM: it fails rather than wait.
+/// plugin deletes a donated buffer): neither a launch on several devices
+/// nor a read may see it deleted after its liveness check (see `Buffer`).
+/// They hold a buffer briefly, but a donating run may be on a scheduler of
+/// the VM: it fails rather than wait.
 fn hold_donated(position: usize, arg: &Buffer) -> Result<RwLockWriteGuard<'_, ()>> {
     arg.try_hold_exclusive().ok_or_else(|| {
         Error::invalid(format!(
-            "argument {position} is donated, but a run on several devices is taking it"
+            "argument {position} is donated, but another process is reading it \
+             or running a program on several devices with it"
         ))
     })
 }
