@@ -614,6 +614,39 @@ fn deleting_an_argument_during_a_launch_on_several_devices() {
     assert!(ran > 0 && refused > 0, "ran {ran}, refused {refused}");
 }
 
+/// Reads racing a deletion: each read gets the data or `DeletedBuffer`.
+/// The plugin took an external reference on a buffer deleted after the
+/// read's liveness check by reading freed memory (a segfault) before
+/// deletion waited for reads.
+#[test]
+fn reading_a_buffer_while_it_is_deleted() {
+    let client = client(1);
+    let values: Vec<f32> = (0..64).map(|i| i as f32).collect();
+    let expected = f32_bytes(&values);
+    for round in 0..3_000u64 {
+        let buffer = upload(&client, &values);
+        buffer.wait().unwrap();
+        std::thread::scope(|scope| {
+            for _ in 0..4 {
+                scope.spawn(|| loop {
+                    let mut bytes = vec![0u8; expected.len()];
+                    match buffer.copy_to_host(&mut bytes) {
+                        Ok(()) => assert_eq!(bytes, expected),
+                        Err(error) => {
+                            assert_eq!(error, Error::DeletedBuffer);
+                            break;
+                        }
+                    }
+                });
+            }
+            for i in 0..(round * 7919) % 5_000 {
+                std::hint::black_box(i);
+            }
+            buffer.delete().unwrap();
+        });
+    }
+}
+
 /// Programs with collectives on two clients at once. The CPU plugin meets
 /// the parts of a launch by its launch id, over the whole process: with the
 /// same id for every launch, two clients' parts met each other and XLA
