@@ -182,14 +182,16 @@ impl Buffer {
     /// memory, without a transfer. Returns false (copying nothing) when the
     /// buffer is not ready or not in host memory.
     pub fn try_copy_from_host_memory(&self, dst: &mut [u8]) -> Result<bool> {
+        // Deletion and donation wait from the liveness check until the
+        // external reference is released (see `holds`); the reference keeps
+        // the memory alive while it is read.
+        let hold = self.hold_shared();
         self.ensure_live()?;
         if !self.is_on_cpu()? || !self.is_ready()? {
             return Ok(false);
         }
         self.check_read_size(dst.len())?;
-        // An external reference keeps the memory alive, and deletion and
-        // donation wait (see `holds`), while it is read.
-        let _reference = self.external_reference()?;
+        let _reference = self.external_reference(hold)?;
         let mut ptr = new_args!(ffi::PJRT_Buffer_UnsafePointer_Args, buffer_pointer);
         ptr.buffer = self.raw;
         call!(self.client.plugin(), PJRT_Buffer_UnsafePointer, &mut ptr)
@@ -208,11 +210,12 @@ impl Buffer {
         Ok(true)
     }
 
-    /// Takes an external reference, released when the guard is dropped.
-    /// Deletion waits until then (see `holds`).
-    fn external_reference(&self) -> Result<ExternalReference<'_>> {
-        let hold = self.hold_shared();
-        self.ensure_live()?;
+    /// Takes an external reference, released when the guard is dropped,
+    /// on a buffer found live under `hold`, which the guard keeps.
+    fn external_reference<'a>(
+        &'a self,
+        hold: RwLockReadGuard<'a, ()>,
+    ) -> Result<ExternalReference<'a>> {
         let mut inc = new_args!(ffi::PJRT_Buffer_IncreaseExternalReferenceCount_Args, buffer);
         inc.buffer = self.raw;
         {
