@@ -308,20 +308,7 @@ defmodule EXLA.ClientTest do
     @tag :slow
     @tag :tmp_dir
     test "a script that ends while the warm-up runs exits cleanly", %{tmp_dir: dir} do
-      paths = Enum.flat_map(:code.get_path(), &["-pa", List.to_string(&1)])
-
-      for delay <- 0..100//10 do
-        code = """
-        Application.ensure_all_started(:exla)
-        EXLA.Client.fetch!(:host)
-        Process.sleep(#{delay})
-        IO.puts(:done)
-        """
-
-        assert {"done\n", 0} =
-                 System.cmd(System.find_executable("elixir"), paths ++ ["-e", code], cd: dir),
-               "the script ending #{delay} ms after the client's creation"
-      end
+      assert_scripts_exit_cleanly(dir, 0..100//10, "EXLA.Client.fetch!(:host)")
     end
   end
 
@@ -333,24 +320,33 @@ defmodule EXLA.ClientTest do
     @tag :slow
     @tag :tmp_dir
     test "a script that ends while a compile runs exits cleanly", %{tmp_dir: dir} do
-      paths = Enum.flat_map(:code.get_path(), &["-pa", List.to_string(&1)])
+      assert_scripts_exit_cleanly(dir, 100..500//50, """
+      Application.put_env(:exla, :cache_dir, false)
+      x = Nx.iota({64}, type: :f32, backend: EXLA.Backend)
+      EXLA.Client.WarmUp.await(10_000)
+      chain = fn x -> Enum.reduce(1..40, x, fn _, acc -> Nx.subtract(acc, Nx.sum(acc)) end) end
+      Task.start(fn -> EXLA.compile(chain, [x]) end)
+      """)
+    end
+  end
 
-      for delay <- 100..500//50 do
-        code = """
-        Application.ensure_all_started(:exla)
-        Application.put_env(:exla, :cache_dir, false)
-        x = Nx.iota({64}, type: :f32, backend: EXLA.Backend)
-        EXLA.Client.WarmUp.await(10_000)
-        chain = fn x -> Enum.reduce(1..40, x, fn _, acc -> Nx.subtract(acc, Nx.sum(acc)) end) end
-        Task.start(fn -> EXLA.compile(chain, [x]) end)
-        Process.sleep(#{delay})
-        IO.puts(:done)
-        """
+  # Runs `start` in a fresh VM (`elixir -e`, with this VM's code paths),
+  # then lets the script end `delay` ms later, for each delay: every run
+  # must print its line and exit with status 0.
+  defp assert_scripts_exit_cleanly(dir, delays, start) do
+    paths = Enum.flat_map(:code.get_path(), &["-pa", List.to_string(&1)])
 
-        assert {"done\n", 0} =
-                 System.cmd(System.find_executable("elixir"), paths ++ ["-e", code], cd: dir),
-               "the script ending #{delay} ms into the compile"
-      end
+    for delay <- delays do
+      code = """
+      Application.ensure_all_started(:exla)
+      #{start}
+      Process.sleep(#{delay})
+      IO.puts(:done)
+      """
+
+      assert {"done\n", 0} =
+               System.cmd(System.find_executable("elixir"), paths ++ ["-e", code], cd: dir),
+             "the script ending #{delay} ms after it started: #{start}"
     end
   end
 
