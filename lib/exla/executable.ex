@@ -363,18 +363,19 @@ defmodule EXLA.Executable do
 
         raise ArgumentError, message
 
-      {:error, :damaged, message} ->
-        report_damaged()
-        raise ArgumentError, message
-
-      {:error, :invalid, message} ->
-        raise ArgumentError, message
+      {:error, kind, message} ->
+        raise_unloadable!(kind, message)
     end
   end
 
-  defp report_damaged do
+  # A binary that is damaged (reported as an integrity failure) or not one
+  # of serialize/1's.
+  defp raise_unloadable!(:damaged, message) do
     EXLA.NativeLog.integrity_failure("serialized executable", "its checksum does not match")
+    raise ArgumentError, message
   end
+
+  defp raise_unloadable!(:invalid, message), do: raise(ArgumentError, message)
 
   @doc """
   Loads an executable made by `serialize/1` into `client`, returning
@@ -413,12 +414,8 @@ defmodule EXLA.Executable do
       {:error, :other_target, _message} ->
         {:error, :other_plugin}
 
-      {:error, :damaged, message} ->
-        report_damaged()
-        raise ArgumentError, message
-
-      {:error, :invalid, message} ->
-        raise ArgumentError, message
+      {:error, kind, message} ->
+        raise_unloadable!(kind, message)
     end
   end
 
