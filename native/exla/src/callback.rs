@@ -266,7 +266,7 @@ const TARGET: &str = "exla_host_callback";
 /// before compiling a program that uses it.
 #[rustler::nif]
 fn callback_install(client: ResourceArc<ClientResource>) -> NifResult<Atom> {
-    pjrt::host_callback::install(client.0.plugin(), TARGET)?;
+    pjrt::host_callback::install(client.handle.plugin(), TARGET)?;
     Ok(atoms::ok())
 }
 

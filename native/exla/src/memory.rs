@@ -159,11 +159,11 @@ fn plugin_statistics(client: &pjrt::Client) -> NifResult<Option<Statistics>> {
 }
 
 fn ledger_statistics(client: &ClientResource) -> Statistics {
-    let ledger = &client.2;
+    let ledger = &client.ledger;
     Statistics {
         allocated: ledger.allocated(),
         peak: ledger.peak(),
-        per_device: (0..client.0.devices().len())
+        per_device: (0..client.handle.devices().len())
             .map(|device| (device, ledger.on_device(device)))
             .collect(),
     }
@@ -172,7 +172,7 @@ fn ledger_statistics(client: &ClientResource) -> Statistics {
 /// Runs on a dirty scheduler: a plugin may take its allocator's locks.
 #[rustler::nif(schedule = "DirtyIo")]
 fn client_memory_statistics(client: ResourceArc<ClientResource>) -> NifResult<Statistics> {
-    Ok(match plugin_statistics(&client.0)? {
+    Ok(match plugin_statistics(&client.handle)? {
         Some(stats) => stats,
         None => ledger_statistics(&client),
     })
@@ -184,7 +184,7 @@ mod atoms {
 
 #[rustler::nif]
 fn client_reset_peak_memory(client: ResourceArc<ClientResource>) -> Atom {
-    client.2.reset_peak();
+    client.ledger.reset_peak();
     atoms::ok()
 }
 
