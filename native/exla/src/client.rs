@@ -3,10 +3,10 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use rustler::{NifMap, NifTaggedEnum, ResourceArc};
+use rustler::{Atom, NifMap, NifTaggedEnum, ResourceArc};
 
 use crate::error::{Error, NifResult};
-use crate::memory::Ledger;
+use crate::memory::{self, Ledger};
 
 /// A loaded plugin.
 pub struct PluginResource {
@@ -210,4 +210,20 @@ fn client_info(client: ResourceArc<ClientResource>) -> ClientInfo {
             })
             .collect(),
     }
+}
+
+/// Runs on a dirty scheduler: a plugin may take its allocator's locks.
+#[rustler::nif(schedule = "DirtyIo")]
+fn client_memory_statistics(client: ResourceArc<ClientResource>) -> NifResult<memory::Statistics> {
+    memory::statistics(&client.handle, &client.ledger)
+}
+
+mod atoms {
+    rustler::atoms! { ok }
+}
+
+#[rustler::nif]
+fn client_reset_peak_memory(client: ResourceArc<ClientResource>) -> Atom {
+    client.ledger.reset_peak();
+    atoms::ok()
 }
