@@ -4,7 +4,7 @@ defmodule EXLA.HostCallback do
   (internal). The only user of the `callback_*` NIFs.
 
   A program with host callbacks (hooks, lazy inputs, streams; emitted by
-  `EXLA.Defn.Lowering.Hooks`) takes a *chain* as its last parameter: the id
+  `EXLA.Defn.Lowering.HostCalls`) takes a *chain* as its last parameter: the id
   of a native *session* owned by the process that runs it. Each call site
   of the program has a number, and the lowering describes each site with a
   *payload*; `sites` maps one to the other:
@@ -56,7 +56,7 @@ defmodule EXLA.HostCallback do
 
   # The shape of the chain's buffer: the chain's MLIR type, as a shape when
   # this module compiles.
-  @chain_shape EXLA.MLIR.Type.to_shape(EXLA.Defn.Lowering.Hooks.chain_type())
+  @chain_shape EXLA.MLIR.Type.to_shape(EXLA.Defn.Lowering.HostCalls.chain_type())
 
   @doc """
   Registers the callback handler with the plugin of `client`; needed once

@@ -11,7 +11,7 @@ defmodule EXLA.Defn.Lowering do
   `top_k`, ...) are lowered through the default implementation expression
   Nx provides. Hooks attached to tokens are lowered by `lower_hook/2`: with
   the `:hooks` option, active hooks become host callbacks (see
-  `EXLA.Defn.Lowering.Hooks`), threaded in program order through `while`
+  `EXLA.Defn.Lowering.HostCalls`), threaded in program order through `while`
   and `cond`.
 
   A `cond` with one predicate becomes a `stablehlo.if`; with more, one flat
@@ -84,7 +84,7 @@ defmodule EXLA.Defn.Lowering do
   """
 
   alias EXLA.MLIR.{Builder, Check, Ops, Value}
-  alias EXLA.Defn.Lowering.Hooks
+  alias EXLA.Defn.Lowering.HostCalls
   alias Nx.Defn.{Composite, Expr}
   alias Nx.Tensor, as: T
 
@@ -113,7 +113,7 @@ defmodule EXLA.Defn.Lowering do
 
     * `:lazy_inputs` - when `true`, the module takes only the chain and
       requests each used input from the host where it is first needed
-      (see `EXLA.Defn.Lowering.Hooks.lower_input/3`); when a list of input indices,
+      (see `EXLA.Defn.Lowering.HostCalls.lower_input/3`); when a list of input indices,
       only those inputs are requested and the others stay parameters
       (before the chain). Defaults to `false`
 
@@ -136,15 +136,15 @@ defmodule EXLA.Defn.Lowering do
     # With active hooks, the program takes the host-callback chain last.
     hooks = opts[:hooks]
     lazy? = opts[:lazy_inputs] not in [false, nil]
-    chain? = lazy? or (hooks != nil and Hooks.active?(output_expr, hooks))
+    chain? = lazy? or (hooks != nil and HostCalls.active?(output_expr, hooks))
     # Lazy inputs are not parameters: the parameter tuple holds their types.
     {arg_types, lazy} =
       if lazy?,
-        do: Hooks.lazy_layout(arg_types, opts[:lazy_inputs]),
+        do: HostCalls.lazy_layout(arg_types, opts[:lazy_inputs]),
         else: {arg_types, nil}
 
     param_count = length(arg_types)
-    arg_types = if chain?, do: arg_types ++ [Hooks.chain_type()], else: arg_types
+    arg_types = if chain?, do: arg_types ++ [HostCalls.chain_type()], else: arg_types
     assigns = %{state | lazy: lazy}
     donated = donated_parameters(opts[:donate] || [], lazy)
 
@@ -154,7 +154,7 @@ defmodule EXLA.Defn.Lowering do
         arg_types,
         fn b, args ->
           {args, chain} = if chain?, do: Enum.split(args, -1), else: {args, [nil]}
-          params = if lazy, do: Hooks.lazy_inputs(lazy, args), else: List.to_tuple(args)
+          params = if lazy, do: HostCalls.lazy_inputs(lazy, args), else: List.to_tuple(args)
           b = assign(b, params: params, chain: hd(chain))
 
           Enum.map_reduce(outputs, b, fn t, b ->
@@ -519,7 +519,7 @@ defmodule EXLA.Defn.Lowering do
     b = if top, do: assign(b, used: Map.put(b.assigns.used, i, true)), else: b
 
     if top and b.assigns.lazy do
-      Hooks.lower_input(b, i, elem(params, i))
+      HostCalls.lower_input(b, i, elem(params, i))
     else
       {elem(params, i), b}
     end
@@ -605,7 +605,7 @@ defmodule EXLA.Defn.Lowering do
     chain = b.assigns.chain
 
     {results, b} =
-      if chain && Hooks.active?(condition, b.assigns.hooks) do
+      if chain && HostCalls.active?(condition, b.assigns.hooks) do
         lower_hooked_while(inits, condition, block, b)
       else
         lower_while(inits, condition, block, b)
@@ -673,9 +673,9 @@ defmodule EXLA.Defn.Lowering do
   def lower_hook(%{expr: expr, name: name} = hook, b) do
     {values, b} = lower_container(expr, b)
 
-    case Hooks.hook_function(hook, b) do
+    case HostCalls.hook_function(hook, b) do
       nil -> b
-      fun -> Hooks.emit_hook(b, name, fun, expr, values)
+      fun -> HostCalls.emit_hook(b, name, fun, expr, values)
     end
   end
 
@@ -782,7 +782,7 @@ defmodule EXLA.Defn.Lowering do
 
   defp hooked_predicates?(clauses, b) do
     b.assigns.chain != nil and
-      Enum.any?(clauses, fn {pred, _} -> Hooks.active?(pred, b.assigns.hooks) end)
+      Enum.any?(clauses, fn {pred, _} -> HostCalls.active?(pred, b.assigns.hooks) end)
   end
 
   defp lower_case(clauses, last, types, b) do
@@ -793,7 +793,7 @@ defmodule EXLA.Defn.Lowering do
         region(b, [], :nested, fn b, [] -> lower_branch(body, types, b) end)
       end)
 
-    chain_types = if b.assigns.chain, do: [Hooks.chain_type()], else: []
+    chain_types = if b.assigns.chain, do: [HostCalls.chain_type()], else: []
     Ops.case_(b, index, types ++ chain_types, branches)
   end
 
@@ -836,7 +836,7 @@ defmodule EXLA.Defn.Lowering do
     {else_region, b} =
       region(b, [], :nested, fn b, [] -> lower_nested_if(rest, last, types, b) end)
 
-    chain_types = if b.assigns.chain, do: [Hooks.chain_type()], else: []
+    chain_types = if b.assigns.chain, do: [HostCalls.chain_type()], else: []
     Ops.if_(b, p, types ++ chain_types, then_region, else_region)
   end
 

@@ -55,7 +55,7 @@ defmodule EXLA.Defn.Stream do
   alias EXLA.HostCallback
   alias EXLA.MLIR.{Builder, Ops}
   alias EXLA.Defn.{Lowering, LockedCache}
-  alias EXLA.Defn.Lowering.Hooks
+  alias EXLA.Defn.Lowering.HostCalls
   alias Nx.Defn.Composite
 
   @enforce_keys [:pid, :run, :input, :output, :acc, :client, :device_id]
@@ -159,7 +159,7 @@ defmodule EXLA.Defn.Stream do
     kept_params = kept ++ [length(state_types)]
 
     {mlir, b} =
-      Builder.module("main", state_types ++ [Hooks.chain_type()], main, state,
+      Builder.module("main", state_types ++ [HostCalls.chain_type()], main, state,
         kept: fn _b -> kept_params end
       )
 
@@ -191,8 +191,8 @@ defmodule EXLA.Defn.Stream do
   defp main(b, args, step) do
     {state, [chain]} = Enum.split(args, -1)
     {state, b} = unread_as_zeros(state, step.kept, b)
-    {[flag | inputs], b} = b |> Hooks.put_chain(chain) |> Hooks.emit_recv(step.in_types)
-    inits = inputs ++ state ++ [Hooks.chain(b), flag]
+    {[flag | inputs], b} = b |> HostCalls.put_chain(chain) |> HostCalls.emit_recv(step.in_types)
+    inits = inputs ++ state ++ [HostCalls.chain(b), flag]
     types = Enum.map(inits, & &1.type)
 
     {cond_region, b} =
@@ -210,14 +210,14 @@ defmodule EXLA.Defn.Stream do
   # output to the host and receives the next chunk.
   defp loop_body(b, args, step) do
     {params, [chain, _flag]} = Enum.split(args, -2)
-    {values, b} = Lowering.lower_container(step.expr, Hooks.put_chain(b, chain))
+    {values, b} = Lowering.lower_container(step.expr, HostCalls.put_chain(b, chain))
     {outs, accs} = Enum.split(values, length(step.outputs))
     {outs, b} = convert(outs, step.outputs, b)
     {accs, b} = convert(accs, step.accs, b)
-    b = Hooks.emit_send(b, outs)
-    {[flag | inputs], b} = Hooks.emit_recv(b, step.in_types)
+    b = HostCalls.emit_send(b, outs)
+    {[flag | inputs], b} = HostCalls.emit_recv(b, step.in_types)
     rest = Enum.drop(params, length(inputs) + length(accs))
-    {inputs ++ accs ++ rest ++ [Hooks.chain(b), flag], b}
+    {inputs ++ accs ++ rest ++ [HostCalls.chain(b), flag], b}
   end
 
   # The arguments the program does not take still have their place in the

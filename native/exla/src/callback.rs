@@ -259,7 +259,7 @@ impl Drop for SessionResource {
     }
 }
 
-/// The FFI target of the host-callback custom calls `EXLA.Defn.Hooks` emits.
+/// The FFI target of the host-callback custom calls `EXLA.Defn.Lowering.HostCalls` emits.
 const TARGET: &str = "exla_host_callback";
 
 /// Registers the callback handler with the client's plugin; must run

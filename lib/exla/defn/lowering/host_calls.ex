@@ -1,4 +1,4 @@
-defmodule EXLA.Defn.Lowering.Hooks do
+defmodule EXLA.Defn.Lowering.HostCalls do
   @moduledoc """
   The MLIR of host callbacks: defn hooks (`hook/2,3`, `print_value/2`),
   lazy inputs and stream data (internal). `EXLA.HostCallback` runs the
