@@ -352,7 +352,7 @@ defmodule EXLA.Defn do
       donate: donate,
       input_shapes: input_shapes,
       output: output,
-      build: output_builder(output, lowered.output_shapes),
+      build: output_builder(output),
       key: key,
       debug?: opts[:debug],
       callbacks: callbacks
@@ -458,11 +458,11 @@ defmodule EXLA.Defn do
     EXLA.Shape.make_shape(type, List.to_tuple(dims))
   end
 
-  defp output_builder(%T{} = template, _shapes) do
+  defp output_builder(%T{} = template) do
     fn [buffer] -> %{template | data: %EXLA.Backend{buffer: buffer}} end
   end
 
-  defp output_builder(container, _shapes) do
+  defp output_builder(container) do
     fn buffers ->
       {result, []} =
         Composite.traverse(container, buffers, fn template, [buffer | buffers] ->
