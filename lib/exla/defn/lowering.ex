@@ -1,87 +1,41 @@
 defmodule EXLA.Defn.Lowering do
-  @moduledoc """
-  Lowers an `Nx.Defn.Expr` container to a StableHLO MLIR module (text).
+  @moduledoc false
 
-  The entry point is `to_mlir/3`. The module has a single public function
-  `@main` that takes the flattened inputs it uses, in order, and returns the
-  flattened outputs as a multi-result function. Predicates (`{:u, 8}` in Nx)
-  are `ui8` at the boundary; comparisons produce `i1` internally.
-
-  Ops with an `:optional` expression (linear algebra, cumulative ops,
-  `top_k`, ...) are lowered through the default implementation expression
-  Nx provides. Hooks attached to tokens are lowered by `lower_hook/2`: with
-  the `:hooks` option, active hooks become host callbacks (see
-  `EXLA.Defn.Lowering.HostCalls`), threaded in program order through `while`
-  and `cond`.
-
-  A `cond` with one predicate becomes a `stablehlo.if`; with more, one flat
-  `stablehlo.case` whose branch is that of the first true predicate (all
-  the predicates are computed first, unless one after the first has active
-  hooks), so that a `cond` of hundreds of clauses compiles.
-
-  Like Nx, `sort`/`argsort` are stable and order NaN as the largest value,
-  `window_scatter_max`/`window_scatter_min` pick the last of equal elements
-  in a window, and `max`/`min`, `reduce_max`/`reduce_min` and
-  `window_max`/`window_min` propagate NaN on every client (the CPU plugin's
-  fast min/max would drop it; see `propagate_nan/3`).
-
-  Floats are computed in their own type: nothing is widened to f64, so a
-  program compiles for platforms without f64 (TPUs) and `EXLA.Backend`'s
-  eager ops, which are lowered here too, are the ops jit emits. `qr` (a
-  Householder QR, `EXLA.Defn.Lowering.QR`) and `lu` (`EXLA.Defn.Lowering.LU`)
-  have their own lowerings; other optional ops lower Nx's default
-  expression.
-
-  ## Differences from Nx.BinaryBackend
-
-  Compiled code follows XLA where the reference (`Nx.BinaryBackend` with
-  `Nx.Defn.Evaluator`) does something else:
-
-    * Division by zero never raises: floats give IEEE results; integer
-      `quotient`/`divide` by zero gives -1 (all bits set) and `remainder`
-      by zero returns the dividend.
-    * `sqrt`, `rsqrt`, `acos`, `asin`, `log` outside their domain and `pow`
-      of a negative base to a fractional power give NaN instead of raising;
-      `floor`/`ceil`/`round` of NaN or infinity return it unchanged.
-    * `as_type` from float to integer: NaN → 0, +inf → the type's maximum,
-      -inf → its minimum; finite values out of range saturate (the
-      reference wraps). s16 limits are the true ones (32767 / -32768;
-      Nx 0.7.2 uses 32677 / -32678, also as `window_max` padding).
-    * `tanh(±inf)` is ±1, `sign(NaN)` is NaN and `clip(NaN, ...)` is NaN.
-    * `argmax`/`argmin`: a NaN always wins, so the index of the first (or
-      last, with `tie_break: :high`) NaN is returned; the reference ignores
-      NaN unless it comes first.
-    * Out-of-bounds indices are clamped in `take`, `gather` and dynamic
-      `slice`/`put_slice`, and updates at out-of-bounds indices are dropped
-      in `indexed_add`/`indexed_put`; the reference raises. Indices may be
-      of any integer type (they are used as s64); u64 indices past the s64
-      range are out of bounds at the end of the axis.
-    * Integer `pow` with a negative exponent gives 0 (1 for base 1, ±1 for
-      base -1) instead of raising; shifts by a negative amount or by the bit
-      width or more give 0 (or -1 for a negative signed value shifted right).
-    * Complex `sign` is `z / |z|` (the reference returns 1); complex `acos`
-      and `acosh` use the principal branches (the reference does not for
-      some arguments with a negative real part).
-    * bf16 conversions round to nearest even (the reference truncates).
-    * Denormals are flushed to zero on the CPU.
-    * f32 (f16, bf16, c64) sums, products, dots and convolutions accumulate
-      in their own type and math functions are XLA's approximations in that
-      type (the reference computes in f64 and rounds once): results can
-      differ in the last bits, by 1 or 2 ulp for the math functions.
-      `erf_inv` is XLA's (as in EXLA 0.7.2): more accurate than the
-      reference in f64, whose polynomial is single precision.
-    * `round` of a value that rounds to zero keeps its sign (-0.3 gives
-      -0.0; the reference gives +0.0).
-    * `lu` uses partial pivoting on the current column (LAPACK style), so
-      P, L and U can differ from the reference's (P . L . U still gives A);
-      a zero pivot leaves the rows below it alone instead of filling L with
-      infinities.
-    * `triangular_solve` with a zero on the diagonal gives infinities and
-      NaN (as EXLA 0.7.2) instead of raising.
-    * `qr` sets R's diagonal to the column norms (sqrt(2) is rounded once,
-      where the reference can be 1 ulp off) and gives exact zeros in Q
-      where a column starts with 0; the signs are the reference's.
-  """
+  # Lowers an `Nx.Defn.Expr` container to a StableHLO MLIR module (text).
+  #
+  # The entry point is `to_mlir/3`. The module has a single public function
+  # `@main` that takes the flattened inputs it uses, in order, and returns the
+  # flattened outputs as a multi-result function. Predicates (`{:u, 8}` in Nx)
+  # are `ui8` at the boundary; comparisons produce `i1` internally.
+  #
+  # Ops with an `:optional` expression (linear algebra, cumulative ops,
+  # `top_k`, ...) are lowered through the default implementation expression
+  # Nx provides. Hooks attached to tokens are lowered by `lower_hook/2`: with
+  # the `:hooks` option, active hooks become host callbacks (see
+  # `EXLA.Defn.Lowering.HostCalls`), threaded in program order through `while`
+  # and `cond`.
+  #
+  # A `cond` with one predicate becomes a `stablehlo.if`; with more, one flat
+  # `stablehlo.case` whose branch is that of the first true predicate (all
+  # the predicates are computed first, unless one after the first has active
+  # hooks), so that a `cond` of hundreds of clauses compiles.
+  #
+  # Like Nx, `sort`/`argsort` are stable and order NaN as the largest value,
+  # `window_scatter_max`/`window_scatter_min` pick the last of equal elements
+  # in a window, and `max`/`min`, `reduce_max`/`reduce_min` and
+  # `window_max`/`window_min` propagate NaN on every client (the CPU plugin's
+  # fast min/max would drop it; see `propagate_nan/3`).
+  #
+  # Floats are computed in their own type: nothing is widened to f64, so a
+  # program compiles for platforms without f64 (TPUs) and `EXLA.Backend`'s
+  # eager ops, which are lowered here too, are the ops jit emits. `qr` (a
+  # Householder QR, `EXLA.Defn.Lowering.QR`) and `lu` (`EXLA.Defn.Lowering.LU`)
+  # have their own lowerings; other optional ops lower Nx's default
+  # expression.
+  #
+  # Where compiled code differs from Nx.BinaryBackend, users read it in the
+  # README ("Where results differ from Nx.BinaryBackend"): a lowering change
+  # that changes such a difference updates that list.
 
   alias EXLA.MLIR.{Builder, Check, Ops, Value}
   alias EXLA.Defn.Lowering.HostCalls

@@ -1,10 +1,10 @@
 defmodule EXLA.MLIR.Type do
-  @moduledoc """
-  Tensor types of the StableHLO text emitter.
+  @moduledoc false
 
-  A type is `{element, dims}` where `element` is an Nx type (`{:f, 32}`,
-  `{:u, 8}`, `{:c, 64}`, ...) or `:pred` (MLIR `i1`) and `dims` is a tuple.
-  """
+  # Tensor types of the StableHLO text emitter.
+  #
+  # A type is `{element, dims}` where `element` is an Nx type (`{:f, 32}`,
+  # `{:u, 8}`, `{:c, 64}`, ...) or `:pred` (MLIR `i1`) and `dims` is a tuple.
 
   @type element :: Nx.Type.t() | :pred
   @type t :: {element, tuple}
