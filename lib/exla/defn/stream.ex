@@ -22,29 +22,7 @@ defmodule EXLA.Defn.Stream do
   # stream may call them; hooks of the step run in that process, during
   # `recv/1` and `done/1`).
   #
-  # ## Errors
-  #
-  #   * `send/2` of data that does not match the stream's input (type, shape,
-  #     names, as `Nx.compatible?/2`) raises `ArgumentError`; the stream goes
-  #     on. Data may be any `Nx.LazyContainer`; other data (a list, an atom,
-  #     a string) raises the same way.
-  #
-  #   * `done/1` while outputs are not received yet raises `RuntimeError`
-  #     ("cannot mark stream as done when there are recv messages pending")
-  #     and changes nothing: receive them, then call `done/1` again.
-  #
-  #   * `recv/1` on a stream that has ended (done, or failed) raises
-  #     `RuntimeError` ("cannot recv from stream because it has been
-  #     terminated"); so do `done/1` and `send/2`, with their own messages.
-  #
-  #   * When the program fails (which checked input cannot make happen), the
-  #     next `recv/1` raises the failure (so does `done/1` when no output is
-  #     pending).
-  #
-  #   * `recv/1` and `done/1` from another process raise `RuntimeError`.
-  #
-  #   * If the starting process dies, the native side closes the session and
-  #     the program ends. In every case the client stays usable.
+  # The errors users see are documented in `EXLA.stream/3`.
   #
   # Unlike EXLA 0.7.2, which ran streams on infeed and outfeed and locked the
   # device while a stream was open, other programs run on the device while a
