@@ -138,7 +138,7 @@ defmodule EXLA do
   is not yet compiled, one of them compiles it while the others wait for it
   and reuse its result. `cached?/3` tells whether a call would be served from
   the cache. Calls served from the cache neither evaluate nor lower the
-  expression; see `EXLA.Defn` for what such a call does.
+  expression: they move the arguments to the device and run the program.
 
   Compiled programs are also kept on disk, in `EXLA.CompileCache`, so that
   a new VM loads them instead of compiling them again (it still evaluates
