@@ -5,6 +5,7 @@ use std::time::Instant;
 
 use rustler::{Atom, NifMap, NifTaggedEnum, ResourceArc};
 
+use crate::diagnostics::millis;
 use crate::error::{Error, NifResult};
 use crate::memory::{self, Ledger};
 
@@ -167,12 +168,6 @@ fn option_override(name: &str, value: OptionValue) -> NifResult<pjrt::OptionOver
             )))
         }
     })
-}
-
-/// Milliseconds since `started`, for diagnostics.
-pub fn millis(started: Instant) -> f64 {
-    // Whole microseconds read better in a log line than nanoseconds.
-    started.elapsed().as_micros() as f64 / 1000.0
 }
 
 fn option_value(value: OptionValue) -> NifResult<pjrt::OptionValue> {

@@ -12,7 +12,8 @@ use std::time::Instant;
 use rustler::{Atom, Binary, Encoder, Env, NewBinary, ResourceArc, Term};
 
 use crate::buffer::{shape, BufferResource};
-use crate::client::{millis, ClientResource};
+use crate::client::ClientResource;
+use crate::diagnostics::millis;
 use crate::error::NifResult;
 use crate::memory::Ledger;
 use crate::pool::{self, OffThread, SlowToDrop};
