@@ -1,7 +1,8 @@
 //! Device memory statistics of a client (`EXLA.Client.get_memory_statistics/1`).
 //!
-//! This module knows no resource: the client and buffer resources hold its
-//! ledgers and entries, and the NIFs that read them are in `client`.
+//! This module knows no resource: the client and executable resources hold
+//! a ledger, each buffer resource an entry, and the NIFs that read a
+//! client's statistics are in `client`.
 //!
 //! The plugin's own statistics (`PJRT_Device_MemoryStats`) are used where
 //! it implements them. Where it does not (the CPU plugins), each client has
