@@ -235,9 +235,11 @@ defmodule EXLA.HooksTest do
     assert Nx.to_flat_list(y) == [2.0, 4.0]
   end
 
-  # Vectorized values reach hooks as Nx.Defn.Evaluator hands them over:
-  # devectorized. (The evaluator of Nx 0.7.2 can only hook vectorized values
-  # it has already computed, or inputs, so the cases below are those.)
+  # A hook receives its value as it is in the program, as in EXLA 0.7.2:
+  # vectorized values arrive vectorized. Nx.Defn.Evaluator (Nx 0.7.2) hands
+  # the same entries over devectorized (the vectorized axes of inputs
+  # becoming named axes) and can only hook vectorized values it has already
+  # computed, or inputs: the cases compared with it below.
   defn vectorized_cond(x) do
     y = x * 2
 
@@ -249,47 +251,77 @@ defmodule EXLA.HooksTest do
     end
   end
 
+  defn computed_in_branch(x) do
+    if x > 2 do
+      hook(x * 3, :taken)
+    else
+      hook(x - 1, :other)
+    end
+  end
+
   defn hooked_input(x), do: hook(x, :input) + 1
   defn hooked_double(x), do: hook(x * 2, :seen)
 
+  # Runs `fun` under EXLA and the evaluator with hooks `names`; checks the
+  # results agree and the hooks saw the same entries. Returns EXLA's hooks.
   defp compare_hooks(fun, args, names) do
     hooks = Map.new(names, &{&1, collect(&1)})
     exla = apply(EXLA.jit(fun, hooks: hooks), args)
     exla_hooks = received()
     reference = apply(Nx.Defn.jit(fun, compiler: Nx.Defn.Evaluator, hooks: hooks), args)
-    assert exla_hooks == received()
+    assert Enum.map(exla_hooks, &entries/1) == Enum.map(received(), &entries/1)
     assert Nx.to_binary(Nx.devectorize(exla)) == Nx.to_binary(Nx.devectorize(reference))
     assert exla.vectorized_axes == reference.vectorized_axes
     exla_hooks
   end
 
-  test "hooks on vectorized values inside a vectorized cond get the evaluator's values" do
-    x = Nx.tensor([1, 2, 3]) |> Nx.vectorize(:rows)
+  # What a hooked value holds, whether vectorized or not: per tensor its
+  # type, devectorized shape and data.
+  defp entries({tag, value}) do
+    {tag,
+     Nx.Defn.Composite.flatten_list([value])
+     |> Enum.map(&Nx.devectorize/1)
+     |> Enum.map(&{&1.type, &1.shape, Nx.to_binary(&1)})}
+  end
+
+  defp vectorized(list, axis), do: list |> Nx.tensor() |> Nx.vectorize(axis)
+
+  test "hooks inside a vectorized cond receive their values vectorized" do
+    x = vectorized([1, 2, 3], :x)
     hooks = compare_hooks(&vectorized_cond/1, [x], [:taken, :other])
     # Both branches run (some entries take each); their hooks see every entry.
     assert [taken: {y, input}, other: other] = hooks
-    assert y == Nx.tensor([2, 4, 6])
-    assert input == Nx.tensor([1, 2, 3], names: [:rows])
+    assert y == vectorized([2, 4, 6], :x)
+    assert input == x
     assert other == y
+    assert inspect(y) =~ "vectorized[x: 3]"
 
     # Entries all on one side run one branch only.
-    all = Nx.tensor([5, 6]) |> Nx.vectorize(:rows)
+    all = vectorized([5, 6], :x)
     assert [taken: {y, _}] = compare_hooks(&vectorized_cond/1, [all], [:taken, :other])
-    assert y == Nx.tensor([10, 12])
+    assert y == vectorized([10, 12], :x)
+  end
+
+  test "hooks on values computed inside a vectorized cond receive them vectorized" do
+    hooks = %{taken: collect(:taken), other: collect(:other)}
+    result = EXLA.jit(&computed_in_branch/1, hooks: hooks).(vectorized([1, 2, 3], :x))
+    assert Nx.backend_transfer(result) == vectorized([0, 1, 9], :x)
+    assert received() == [taken: vectorized([3, 6, 9], :x), other: vectorized([0, 1, 2], :x)]
   end
 
   test "hooks on vectorized inputs with several vectorized axes" do
     x = Nx.iota({2, 3, 2}, type: :f32) |> Nx.vectorize(:a) |> Nx.vectorize(:b)
     assert [input: value] = compare_hooks(&hooked_input/1, [x], [:input])
-    assert value == Nx.iota({2, 3, 2}, type: :f32, names: [:a, :b, nil])
+    assert value == x
+    assert value.vectorized_axes == [a: 2, b: 3]
   end
 
-  test "hooks on computed vectorized values get them devectorized" do
+  test "hooks on computed vectorized values receive them vectorized" do
     x = Nx.tensor([[1.0, 2.0], [3.0, 4.0]]) |> Nx.vectorize(:rows)
     fun = EXLA.jit(&hooked_double/1, hooks: %{seen: collect(:seen)})
     assert fun.(x).vectorized_axes == [rows: 2]
     assert [seen: seen] = received()
-    assert seen == Nx.tensor([[2.0, 4.0], [6.0, 8.0]])
+    assert seen == Nx.vectorize(Nx.tensor([[2.0, 4.0], [6.0, 8.0]]), :rows)
   end
 
   defn printing(a), do: print_value(a + 1)

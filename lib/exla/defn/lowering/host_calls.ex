@@ -24,8 +24,12 @@ defmodule EXLA.Defn.Lowering.HostCalls do
   # active hooks computes the condition before the loop and at the end of
   # its body, carrying the predicate with the chain, so the condition's hooks
   # are chained too and run each time the condition is evaluated (once more
-  # than the body). Hooked values are sent in their own type; vectorized ones
-  # are devectorized, as `Nx.Defn.Evaluator` hands them to hooks.
+  # than the body). Hooked values are sent in their own type, and a hook
+  # receives them as they are in the program, as in EXLA 0.7.2: a vectorized
+  # value arrives vectorized (`vectorized[x: 3]`), also inside a vectorized
+  # `cond`. (`Nx.Defn.Evaluator` of Nx 0.7.2 differs: it hands vectorized
+  # inputs over devectorized, the vectorized axes becoming named axes, and
+  # raises on other vectorized values it has not computed yet.)
   #
   # ## Lazy inputs
   #
@@ -111,16 +115,11 @@ defmodule EXLA.Defn.Lowering.HostCalls do
       Enum.zip(values, tensors)
       |> Enum.map_reduce(b, fn {v, t}, b -> Ops.convert(b, v, t.type) end)
 
-    template = Composite.traverse(expr, &hook_template/1)
+    # The values are laid out devectorized, which is how a vectorized
+    # template is filled back on the host.
+    template = Composite.traverse(expr, &Nx.to_template/1)
     {[], b} = emit(b, {:hook, name, fun, template}, values)
     b
-  end
-
-  # Hooks receive what Nx.Defn.Evaluator hands them: vectorized values
-  # devectorized, the vectorized axes named only for inputs (the evaluator
-  # devectorizes inputs keeping the names, and computes on unnamed axes).
-  defp hook_template(%Nx.Tensor{data: %Nx.Defn.Expr{op: op}} = t) do
-    Nx.devectorize(Nx.to_template(t), keep_names: op == :parameter)
   end
 
   @doc """
