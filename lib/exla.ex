@@ -333,7 +333,8 @@ defmodule EXLA do
     * `Nx.Stream.send/2` of data that does not match the stream's input
       (type, shape, names, as `Nx.compatible?/2`) raises `ArgumentError`;
       the stream goes on. Data may be any `Nx.LazyContainer`; other data (a
-      list, an atom, a string) raises the same way.
+      list, an atom, a string) raises the same way. Of a lazy container,
+      only the tensors the step reads are built and sent.
 
     * `Nx.Stream.done/1` while outputs are not received yet raises
       `RuntimeError` ("cannot mark stream as done when there are recv

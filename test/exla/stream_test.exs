@@ -197,6 +197,40 @@ defmodule EXLA.StreamTest do
     assert {Nx.to_number(total), Nx.to_number(count)} == {11.0, 2}
   end
 
+  defn first_only({a, _unread}, acc), do: {a * 2, acc + a}
+  defn ignores_input(_input, acc), do: {acc, acc + 1}
+
+  test "send builds only the fields of a lazy container that the step reads" do
+    stream = EXLA.stream(&first_only/2, [{Nx.tensor(0.0), Nx.tensor([0, 0])}, Nx.tensor(0.0)])
+    read = %EXLA.Test.LazyLoader{notify: self(), tensor: Nx.tensor(3.0)}
+    unread = %EXLA.Test.LazyLoader{notify: self(), tensor: Nx.tensor([1, 2])}
+    assert Nx.Stream.send(stream, {read, unread}) == :ok
+    # One of the two is built: the field the step reads.
+    assert_received :loaded
+    refute_received :loaded
+    assert Nx.to_number(Nx.Stream.recv(stream)) == 6.0
+
+    # The unread field is still checked against the input.
+    wrong = %EXLA.Test.LazyLoader{notify: self(), tensor: Nx.tensor([1.0, 2.0])}
+
+    assert_raise ArgumentError, ~r/on send/, fn ->
+      Nx.Stream.send(stream, {Nx.tensor(1.0), wrong})
+    end
+
+    assert Nx.Stream.send(stream, {Nx.tensor(4.0), Nx.tensor([5, 6])}) == :ok
+    assert Nx.to_number(Nx.Stream.recv(stream)) == 8.0
+    assert Nx.to_number(Nx.Stream.done(stream)) == 7.0
+    refute_received :loaded
+
+    # A step that reads no input builds nothing, and still runs once per chunk.
+    stream = EXLA.stream(&ignores_input/2, [Nx.tensor([0, 0]), 0])
+    unread = %EXLA.Test.LazyLoader{notify: self(), tensor: Nx.tensor([1, 2])}
+    for _ <- 1..2, do: assert(Nx.Stream.send(stream, unread) == :ok)
+    assert Enum.map(1..2, fn _ -> Nx.to_number(Nx.Stream.recv(stream)) end) == [0, 1]
+    assert Nx.to_number(Nx.Stream.done(stream)) == 2
+    refute_received :loaded
+  end
+
   test "names must be compatible with the input's" do
     stream = EXLA.stream(&sum/2, [Nx.tensor([0, 0], names: [:x]), Nx.tensor([0, 0])])
     assert Nx.Stream.send(stream, Nx.tensor([1, 2], names: [:x])) == :ok

@@ -36,7 +36,7 @@ defmodule EXLA.Defn.Stream do
   alias EXLA.Defn.Lowering.HostCalls
   alias Nx.Defn.Composite
 
-  @enforce_keys [:pid, :run, :input, :output, :acc, :client, :device_id]
+  @enforce_keys [:pid, :run, :input, :read_input, :output, :acc, :client, :device_id]
   defstruct @enforce_keys
 
   @doc false
@@ -79,6 +79,7 @@ defmodule EXLA.Defn.Stream do
       pid: self(),
       run: HostCallback.start!(program.exe, params, program.sites),
       input: program.input,
+      read_input: program.read_input,
       output: program.output,
       acc: program.acc,
       client: client,
@@ -109,9 +110,15 @@ defmodule EXLA.Defn.Stream do
     types = vars |> Composite.flatten_list() |> Enum.map(&Lowering.type_of/1)
     {in_types, state_types} = Enum.split(types, n_in)
 
+    # Only the input fields the step reads are received, so send/2 builds
+    # and sends only those.
+    read = Lowering.read_inputs(expr)
+    read_input = for i <- 0..(n_in - 1)//1, i in read, do: i
+
     step = %{
       expr: expr,
       in_types: in_types,
+      read_input: read_input,
       outputs: Composite.flatten_list([output]),
       accs: Composite.flatten_list([new_acc])
     }
@@ -119,7 +126,6 @@ defmodule EXLA.Defn.Stream do
     # The accumulator is always taken (it is the result when no chunk
     # comes), the other arguments only when the step reads them.
     n_acc = length(step.accs)
-    read = Lowering.read_inputs(expr)
     kept = for i <- 0..(length(state_types) - 1)//1, i < n_acc or (n_in + i) in read, do: i
     kept_set = MapSet.new(kept)
     step = Map.put(step, :kept, kept_set)
@@ -155,6 +161,7 @@ defmodule EXLA.Defn.Stream do
     %{
       exe: exe,
       state: kept_set,
+      read_input: MapSet.new(read_input),
       sites: Map.new(b.assigns.hook_sites),
       input: Composite.traverse(input, &Nx.to_template/1),
       output: Composite.traverse(output, &Nx.to_template/1),
@@ -169,7 +176,7 @@ defmodule EXLA.Defn.Stream do
   defp main(b, args, step) do
     {state, [chain]} = Enum.split(args, -1)
     {state, b} = unread_as_zeros(state, step.kept, b)
-    {[flag | inputs], b} = b |> HostCalls.put_chain(chain) |> HostCalls.emit_recv(step.in_types)
+    {[flag | inputs], b} = recv_input(HostCalls.put_chain(b, chain), step)
     inits = inputs ++ state ++ [HostCalls.chain(b), flag]
     types = Enum.map(inits, & &1.type)
 
@@ -193,9 +200,30 @@ defmodule EXLA.Defn.Stream do
     {outs, b} = convert(outs, step.outputs, b)
     {accs, b} = convert(accs, step.accs, b)
     b = HostCalls.emit_send(b, outs)
-    {[flag | inputs], b} = HostCalls.emit_recv(b, step.in_types)
+    {[flag | inputs], b} = recv_input(b, step)
     rest = Enum.drop(params, length(inputs) + length(accs))
     {inputs ++ accs ++ rest ++ [HostCalls.chain(b), flag], b}
+  end
+
+  # Receives a chunk: the input fields the step reads, in order, and zeros
+  # in place of the others (the loop carries every field; XLA drops the
+  # unread ones). Returns `{[flag | inputs], b}`.
+  defp recv_input(b, step) do
+    read_types = for i <- step.read_input, do: Enum.at(step.in_types, i)
+    {[flag | read], b} = HostCalls.emit_recv(b, read_types)
+    fields = Enum.zip(step.read_input, read) |> Map.new()
+
+    {inputs, b} =
+      step.in_types
+      |> Enum.with_index()
+      |> Enum.map_reduce(b, fn {{elem, dims}, i}, b ->
+        case fields do
+          %{^i => value} -> {value, b}
+          %{} -> Lowering.const(b, elem, 0, dims)
+        end
+      end)
+
+    {[flag | inputs], b}
   end
 
   # The arguments the program does not take still have their place in the
@@ -232,7 +260,13 @@ defmodule EXLA.Defn.Stream do
       """
     end
 
-    binaries = funs |> Enum.reverse() |> Enum.map(&(&1.() |> Nx.devectorize() |> Nx.to_binary()))
+    # Only the fields the step reads are built (a lazy container's others
+    # are never called).
+    binaries =
+      for {fun, i} <- funs |> Enum.reverse() |> Enum.with_index(),
+          i in stream.read_input,
+          do: fun.() |> Nx.devectorize() |> Nx.to_binary()
+
     HostCallback.push!(stream.run, binaries)
   end
 
