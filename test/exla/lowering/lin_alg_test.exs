@@ -168,6 +168,37 @@ defmodule EXLA.Lowering.LinAlgTest do
       assert max_error(q, r, a) <= 0.0078125
     end
 
+    test "f16 and bf16 are computed in f32 and rounded once" do
+      {rand, _} = Nx.Random.uniform(Nx.Random.key(5), -1.0, 1.0, shape: {2, 6, 5})
+      # iota({16, 16}) has squared norms over f16's largest finite value.
+      for type <- [:f16, :bf16], a <- [Nx.iota({16, 16}), Nx.iota({4, 6}), rand] do
+        a = Nx.as_type(a, type)
+        {q, r} = qr_jit_and_eager(a)
+        # rounded by XLA (Nx.BinaryBackend truncates to bf16)
+        {q32, r32} = EXLA.jit(&Nx.LinAlg.qr/1).(Nx.as_type(a, :f32))
+        assert Nx.to_binary(q) == Nx.to_binary(Nx.as_type(q32, type))
+        assert Nx.to_binary(r) == Nx.to_binary(Nx.as_type(r32, type))
+        assert Nx.to_number(Nx.all(Nx.is_nan(q) |> Nx.logical_not())) == 1
+      end
+    end
+
+    test "huge and tiny entries: the same bits as the matrix scaled by a power of two" do
+      {rand, _} = Nx.Random.uniform(Nx.Random.key(9), -1.0, 1.0, shape: {5, 4}, type: :f64)
+
+      # Their squares overflow or underflow the type.
+      for {type, exponents} <- [f32: [80, -80, 120], f64: [600, -600]],
+          a <- [Nx.iota({4, 4}), rand],
+          e <- exponents do
+        a = Nx.as_type(a, type)
+        # (a number would become an f32 constant first)
+        scale = Nx.tensor(2.0 ** e, type: type)
+        {q, r} = qr_jit_and_eager(a)
+        {qs, rs} = qr_jit_and_eager(Nx.multiply(a, scale))
+        assert Nx.to_binary(qs) == Nx.to_binary(q)
+        assert Nx.to_binary(rs) == Nx.to_binary(Nx.multiply(r, scale))
+      end
+    end
+
     test "f64 iota({4, 4}) within 1e-14" do
       a = Nx.iota({4, 4}, type: :f64)
       {q, r} = qr_jit_and_eager(a)

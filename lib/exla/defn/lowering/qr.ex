@@ -10,14 +10,19 @@ defmodule EXLA.Defn.Lowering.QR do
   # v[j] = 1 and a scalar tau, H = I - tau v v*, so that the reflection of
   # a column whose head is 0 has tau = 1 exactly and gives exact zeros in
   # Q. Reflectors are applied to the trailing columns of R and accumulated
-  # into Q by rank-1 updates, in the output's type. Signs follow Nx's
+  # into Q by rank-1 updates. The work is done in the output's type, except
+  # for f16 and bf16, done in f32 and rounded once at the end (computing
+  # in f16 gave an error several times larger, and its squared norms
+  # overflow from entries of 256). Each reflector is computed from its
+  # column divided by a power of two near the column's largest entry: an
+  # exact scaling (the results are the same bits) under which the squared
+  # norm neither overflows nor underflows. Signs follow Nx's
   # default implementation, so Q and R match it up to rounding (and its
   # gradient applies): for real input H x = |x| e_j (R's diagonal is
   # non-negative), for complex input H x = -e^(i arg x_j) |x| e_j. A column
   # already zero below the diagonal is left alone.
 
   import Nx.Defn
-  alias EXLA.Defn.Lowering.LU
 
   @doc false
   def expr(%Nx.Tensor{} = template, opts) do
@@ -27,7 +32,7 @@ defmodule EXLA.Defn.Lowering.QR do
 
   defn qr(a, opts \\ []) do
     {batch, m, n} = batched_shape(a)
-    r = a |> LU.as_float() |> Nx.reshape({batch, m, n})
+    r = a |> as_working_type() |> Nx.reshape({batch, m, n})
     q = Nx.broadcast(Nx.eye(m, type: Nx.type(r)), {batch, m, m})
     rows = Nx.iota({batch, m, 1}, axis: 1)
     matrix_rows = Nx.iota({batch, m, n}, axis: 1)
@@ -36,12 +41,14 @@ defmodule EXLA.Defn.Lowering.QR do
     {_j, q, r} =
       while {j = 0, q, r}, j < min(m, n) do
         x = Nx.select(rows >= j, Nx.slice_along_axis(r, j, 1, axis: 2), 0)
+        scale = power_of_two_scale(x)
+        x = x / scale
         alpha = Nx.slice_along_axis(x, j, 1, axis: 1)
         tail_sq = Nx.sum(abs_sq(Nx.select(rows > j, x, 0)), axes: [1], keep_axes: true)
         {head, tau, beta} = reflector(alpha, tail_sq)
         skip = tail_sq == 0
         tau = Nx.select(skip, 0, tau)
-        beta = Nx.select(skip, alpha, beta)
+        beta = Nx.select(skip, alpha, beta) * scale
         v = Nx.select(rows > j, x / Nx.select(skip, 1, head), Nx.select(rows == j, 1, 0))
         v_adjoint = adjoint(v)
 
@@ -79,6 +86,31 @@ defmodule EXLA.Defn.Lowering.QR do
     norm = Nx.sqrt(magnitude * magnitude + tail_sq)
     phase = Nx.select(magnitude == 0, 1, alpha / Nx.select(magnitude == 0, 1, magnitude))
     {alpha + phase * norm, 1 + magnitude / norm, -phase * norm}
+  end
+
+  # The largest power of two not above the largest magnitude in each
+  # matrix of `x` (its exponent bits), or 1 when that is zero (or
+  # subnormal). Dividing by it is exact.
+  deftransformp power_of_two_scale(x) do
+    top = x |> Nx.abs() |> Nx.reduce_max(axes: [1, 2], keep_axes: true)
+
+    {bits, exponent} =
+      case Nx.type(top) do
+        {:f, 32} -> {{:s, 32}, 0x7F800000}
+        {:f, 64} -> {{:s, 64}, 0x7FF0000000000000}
+      end
+
+    scale = top |> Nx.bitcast(bits) |> Nx.bitwise_and(exponent) |> Nx.bitcast(Nx.type(top))
+    Nx.select(Nx.equal(scale, 0), 1, scale)
+  end
+
+  # f16 and bf16 are computed in f32 (see the top of this module).
+  deftransformp as_working_type(a) do
+    case Nx.Type.to_floating(Nx.type(a)) do
+      {:f, 16} -> Nx.as_type(a, {:f, 32})
+      {:bf, 16} -> Nx.as_type(a, {:f, 32})
+      type -> Nx.as_type(a, type)
+    end
   end
 
   deftransformp abs_sq(x) do
