@@ -178,7 +178,7 @@ defmodule EXLA.Defn do
     lowered = lower(expr, vars, opts)
 
     %{
-      mlir_module: lowered.mlir_module,
+      mlir_module: lowered.program.text,
       used_inputs: lowered.used_inputs,
       output_container: Composite.traverse(expr, &Nx.to_template/1)
     }
@@ -317,7 +317,7 @@ defmodule EXLA.Defn do
   # EXLA.CompileCache.compile/4).
   defp compile_expr(key, expr, vars, opts) do
     client = EXLA.Client.fetch!(opts[:client])
-    %{mlir_module: mlir} = lowered = lower(expr, vars, opts)
+    %{program: program} = lowered = lower(expr, vars, opts)
     # A lazy program's sites carry `:lazy` (see lazy_variants/4).
     callbacks =
       cond do
@@ -333,13 +333,8 @@ defmodule EXLA.Defn do
 
     if callbacks, do: EXLA.HostCallback.install!(client)
 
-    compile_opts = [
-      device_id: opts[:device_id],
-      input_shapes: lowered.input_shapes,
-      output_shapes: lowered.output_shapes
-    ]
-
-    {exe, disk_cache} = EXLA.CompileCache.compile(client, mlir, compile_opts, opts[:cache])
+    compile_opts = [device_id: opts[:device_id]]
+    {exe, disk_cache} = EXLA.CompileCache.compile(client, program, compile_opts, opts[:cache])
     output = Composite.traverse(expr, &%{&1 | data: %Nx.TemplateBackend{}})
     donated = donated_inputs(vars, opts[:donate])
     {input_shapes, donate} = parameters(vars, lowered.used_inputs, donated, opts)
@@ -352,7 +347,7 @@ defmodule EXLA.Defn do
       donate: donate,
       input_shapes: input_shapes,
       output: output,
-      build: output_builder(output, lowered.output_shapes),
+      build: output_builder(output),
       key: key,
       debug?: opts[:debug],
       callbacks: callbacks
@@ -458,11 +453,11 @@ defmodule EXLA.Defn do
     EXLA.Shape.make_shape(type, List.to_tuple(dims))
   end
 
-  defp output_builder(%T{} = template, _shapes) do
+  defp output_builder(%T{} = template) do
     fn [buffer] -> %{template | data: %EXLA.Backend{buffer: buffer}} end
   end
 
-  defp output_builder(container, _shapes) do
+  defp output_builder(container) do
     fn buffers ->
       {result, []} =
         Composite.traverse(container, buffers, fn template, [buffer | buffers] ->

@@ -11,7 +11,7 @@ defmodule EXLA.CompileCacheTest do
 
   setup %{tmp_dir: dir} do
     previous =
-      for key <- [:cache_dir, :cache_max_size, :cache_min_compile_time],
+      for key <- [:cache_dir, :cache_max_size, :cache_min_compile_time, :scheduler_max_elements],
           do: {key, Application.fetch_env(:exla, key)}
 
     Application.put_env(:exla, :cache_dir, dir)
@@ -31,7 +31,9 @@ defmodule EXLA.CompileCacheTest do
   end
 
   # sin(x) + c on f32[4]: a distinct program for each `c`.
-  defp program(c) do
+  defp program(c), do: EXLA.MLIR.Check.read!(program_text(c), 2 ** 40)
+
+  defp program_text(c) do
     """
     module {
       func.func public @main(%x: tensor<4xf32>) -> tensor<4xf32> {
@@ -77,6 +79,23 @@ defmodule EXLA.CompileCacheTest do
     assert {_, :miss} = CompileCache.compile(client, program(2.0), [], true)
     assert length(entries(dir)) == 2
     assert File.ls!(dir) -- entries(dir) == []
+  end
+
+  test "a cached executable is placed by the policy of the VM that loads it", %{client: client} do
+    assert {exe, :miss} = CompileCache.compile(client, program(1.0), [], true)
+    assert exe.run_on == :scheduler
+
+    # The policy changes (as in a new release, or a new configuration):
+    # small programs no longer run on the caller's scheduler.
+    Application.put_env(:exla, :scheduler_max_elements, 0)
+    assert {loaded, :hit} = CompileCache.compile(client, program(1.0), [], true)
+    assert loaded.facts == exe.facts
+    assert loaded.run_on == :dirty
+    assert run(loaded) == run(exe)
+
+    # And so is a deserialized one.
+    Application.delete_env(:exla, :scheduler_max_elements)
+    assert Executable.deserialize(client, Executable.serialize(loaded)).run_on == :scheduler
   end
 
   test "cache: false and a cache turned off compile without the disk", %{client: client, dir: dir} do
@@ -440,7 +459,7 @@ defmodule EXLA.CompileCacheTest do
         for {peer, i} <- Enum.with_index(peers) do
           # Each writer alternates programs, so every write replaces the file.
           Task.async(fn ->
-            for round <- 1..15, do: compile_in(peer, program(7.0 + rem(round + i, 2)), path)
+            for round <- 1..15, do: compile_in(peer, program_text(7.0 + rem(round + i, 2)), path)
           end)
         end
 

@@ -4,8 +4,8 @@ defmodule EXLA.Defn.Sharded do
   # mesh of the client's devices (see EXLA.Sharding for meshes and
   # shardings).
   #
-  # The expression is lowered as for EXLA.jit/2, the signature of @main is
-  # annotated with each input's sharding and replicated results, and the
+  # The expression is lowered as for EXLA.jit/2, with each parameter of
+  # @main annotated with its input's sharding and replicated results, and the
   # plugin compiles it with one partition per device of the mesh (XLA's
   # SPMD partitioner splits the program and adds the collectives). A call
   # cuts each input on the host into its partitions' parts, places each
@@ -88,38 +88,45 @@ defmodule EXLA.Defn.Sharded do
   end
 
   defp compile(client, expr, inputs, mesh, partitions, shardings, opts) do
-    lowered =
+    # Each parameter is annotated with its input's sharding, each result as
+    # replicated (every partition returns the whole results), the module
+    # with its partition count.
+    arg_attrs =
+      Enum.zip_with(inputs, shardings, fn t, sharding ->
+        [{"mhlo.sharding", ~s("#{Sharding.annotation(sharding, tuple_size(t.shape), mesh)}")}]
+      end)
+
+    result_count = length(Composite.flatten_list([expr]))
+
+    %{program: program, used_inputs: params} =
       EXLA.Defn.Lowering.to_mlir(expr, Enum.map(inputs, &EXLA.Defn.to_shape/1),
         precision: opts[:precision],
-        max_tensor_bytes: EXLA.Client.max_tensor_bytes(client)
+        max_tensor_bytes: EXLA.Client.max_tensor_bytes(client),
+        arg_attrs: arg_attrs,
+        result_attrs: List.duplicate([{"mhlo.sharding", ~s("{replicated}")}], result_count),
+        module_attrs: [
+          {"mhlo.num_partitions", "#{partitions} : i32"},
+          {"mhlo.num_replicas", "1 : i32"}
+        ]
       )
 
     # The inputs the program reads are its parameters: without donation,
     # lazy inputs or hooks (none is given above), the lowering keeps exactly
     # those.
-    params = lowered.used_inputs
-
     param_shardings = Enum.map(params, &Enum.at(shardings, &1))
     param_inputs = Enum.map(params, &Enum.at(inputs, &1))
-
-    annotations =
-      Enum.zip_with(param_inputs, param_shardings, fn t, sharding ->
-        Sharding.annotation(sharding, tuple_size(t.shape), mesh)
-      end)
 
     part_shapes =
       Enum.zip_with(param_inputs, param_shardings, fn t, sharding ->
         EXLA.Shape.make_shape(t.type, Sharding.part_dims(t.shape, sharding, mesh))
       end)
 
-    mlir = Sharding.annotate!(lowered.mlir_module, annotations, partitions)
-    exe = Executable.compile(client, mlir, num_partitions: partitions, input_shapes: part_shapes)
-
-    if exe.output_shapes != lowered.output_shapes do
-      raise ArgumentError,
-            "the partitioned program returns #{inspect(exe.output_shapes)} on each device " <>
-              "instead of the whole results #{inspect(lowered.output_shapes)}"
-    end
+    # Each device's results are the whole results (replicated), and its
+    # parameters its parts of the inputs.
+    exe =
+      Executable.compile(client, %{program | input_shapes: part_shapes},
+        num_partitions: partitions
+      )
 
     %__MODULE__{
       exe: exe,

@@ -158,21 +158,14 @@ defmodule EXLA.Defn.Stream do
     # so the builder the :kept function is given is not needed.
     kept_params = kept ++ [length(state_types)]
 
-    {mlir, b} =
+    {program, b} =
       Builder.module("main", state_types ++ [Hooks.chain_type()], main, state,
         kept: fn _b -> kept_params end
       )
 
     HostCallback.install!(client)
-    {param_types, result_types} = b.signature
-
-    compile_opts = [
-      device_id: device_id,
-      input_shapes: Enum.map(param_types, &EXLA.MLIR.Type.to_shape/1),
-      output_shapes: Enum.map(result_types, &EXLA.MLIR.Type.to_shape/1)
-    ]
-
-    {exe, _disk_cache} = EXLA.CompileCache.compile(client, mlir, compile_opts, opts[:cache])
+    compile_opts = [device_id: device_id]
+    {exe, _disk_cache} = EXLA.CompileCache.compile(client, program, compile_opts, opts[:cache])
 
     %{
       exe: exe,

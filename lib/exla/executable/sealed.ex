@@ -23,11 +23,12 @@ defmodule EXLA.Executable.Sealed do
   The version changes whenever the layout or the metadata's meaning does;
   other versions are refused. Version 3 records the executable's whole
   target (see `EXLA.Executable.load/3`) where version 2 had the plugin's
-  hash alone.
+  hash alone; version 4 records the program's `EXLA.MLIR.Facts` where
+  version 3 had the placement decided from them.
   """
 
   @magic "EXLA_EXE"
-  @version 3
+  @version 4
   @checksum_bytes 32
   # magic, version, the two sizes and the checksum.
   @overhead byte_size(@magic) + 2 + 4 + 8 + @checksum_bytes
