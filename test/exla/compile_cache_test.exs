@@ -144,7 +144,7 @@ defmodule EXLA.CompileCacheTest do
     size = byte_size(binary)
 
     # Every 5th byte of the header, 60 random positions, the checksum's ends.
-    {meta, _blob} = Sealed.open!(binary)
+    {:ok, meta, _blob} = Sealed.open(binary)
     header = 8 + 2 + 4 + byte_size(:erlang.term_to_binary(meta)) + 8
     :rand.seed(:exsss, {3, 1, 4})
 
@@ -167,7 +167,7 @@ defmodule EXLA.CompileCacheTest do
   test "a file damaged at any byte of its header is never run", %{client: client, dir: dir} do
     {_, :miss} = CompileCache.compile(client, program(1.0), [], true)
     binary = File.read!(entry!(dir))
-    {meta, _blob} = Sealed.open!(binary)
+    {:ok, meta, _blob} = Sealed.open(binary)
     header = 8 + 2 + 4 + byte_size(:erlang.term_to_binary(meta)) + 8
 
     for pos <- 0..(header - 1) do
@@ -203,7 +203,7 @@ defmodule EXLA.CompileCacheTest do
           cpu: String.duplicate("0", 64)
         ] do
       reseal = fn bin ->
-        {meta, blob} = Sealed.open!(bin)
+        {:ok, meta, blob} = Sealed.open(bin)
         Sealed.seal(%{meta | target: Map.merge(meta.target, Map.new([change]))}, blob)
       end
 
@@ -216,7 +216,7 @@ defmodule EXLA.CompileCacheTest do
 
     # The same layout under version 2, with a valid checksum.
     old_format = fn bin ->
-      {meta, blob} = Sealed.open!(bin)
+      {:ok, meta, blob} = Sealed.open(bin)
       meta = :erlang.term_to_binary(Map.delete(meta, :target))
       body = ["EXLA_EXE", <<2::16, byte_size(meta)::32>>, meta, <<byte_size(blob)::64>>, blob]
       IO.iodata_to_binary([body, :crypto.hash(:sha256, body)])

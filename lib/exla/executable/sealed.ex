@@ -5,7 +5,7 @@ defmodule EXLA.Executable.Sealed do
   all of it.
 
   A plugin loads whatever bytes it is given: a blob with one flipped byte
-  can load and run native garbage. `open!/1` verifies the checksum before
+  can load and run native garbage. `open/1` verifies the checksum before
   anything is decoded, so a blob damaged on disk or on the wire raises
   instead. The checksum protects against damage, not against someone who
   rewrites the blob on purpose (they can recompute it).
@@ -51,18 +51,6 @@ defmodule EXLA.Executable.Sealed do
     ]
 
     IO.iodata_to_binary([body, :crypto.hash(:sha256, body)])
-  end
-
-  @doc """
-  Opens a sealed binary: returns `{metadata, blob}` or raises
-  `ArgumentError` when it is not one, is of another version or does not
-  match its checksum.
-  """
-  def open!(sealed) do
-    case open(sealed) do
-      {:ok, metadata, blob} -> {metadata, blob}
-      {:error, _reason, message} -> raise ArgumentError, message
-    end
   end
 
   @doc """

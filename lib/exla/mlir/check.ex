@@ -332,10 +332,9 @@ defmodule EXLA.MLIR.Check do
 
   @units ~w(KiB MiB GiB TiB PiB EiB ZiB YiB)
 
-  @doc false
   # "1.5 GiB (1610612736 bytes)"
-  def format_bytes(bytes) when bytes < 1024, do: "#{bytes} bytes"
-  def format_bytes(bytes), do: format_bytes(bytes / 1024, @units, bytes)
+  defp format_bytes(bytes) when bytes < 1024, do: "#{bytes} bytes"
+  defp format_bytes(bytes), do: format_bytes(bytes / 1024, @units, bytes)
 
   defp format_bytes(value, [_ | [_ | _] = units], bytes) when value >= 1024,
     do: format_bytes(value / 1024, units, bytes)
