@@ -216,8 +216,7 @@ defmodule EXLA.Executable do
   def run(%__MODULE__{ref: ref, devices: [device_id]} = executable, [args], opts)
       when Remote.local?(ref) and is_list(args) do
     donate = donate_option(opts)
-    %{client: client} = executable
-    refs = Enum.map(args, &argument_ref(&1, client, device_id))
+    refs = argument_refs(args, executable.client, device_id)
     outputs = run_native(executable, refs, donate)
     [wrap_outputs(executable, device_id, outputs)]
   end
@@ -232,7 +231,7 @@ defmodule EXLA.Executable do
 
     refs =
       Enum.zip_with(lists, devices, fn args, device_id when is_list(args) ->
-        Enum.map(args, &argument_ref(&1, client, device_id))
+        argument_refs(args, client, device_id)
       end)
 
     outputs = NIF.async!(&NIF.executable_run_devices(ref, refs, donate, &1))
@@ -263,6 +262,14 @@ defmodule EXLA.Executable do
 
   defp run_native(%{run_on: :thread, ref: ref}, refs, donate),
     do: NIF.async!(&NIF.executable_run_async(ref, refs, donate, &1))
+
+  @doc false
+  # The one path from run arguments (see run/3) to the native buffers of
+  # `device_id` of `client`; EXLA.HostCallback's runs take it too.
+  def argument_refs([], _client, _device_id), do: []
+
+  def argument_refs([arg | args], client, device_id),
+    do: [argument_ref(arg, client, device_id) | argument_refs(args, client, device_id)]
 
   defp argument_ref(%DeviceBuffer{ref: ref}, _client, _device_id) when Remote.local?(ref),
     do: ref
@@ -470,7 +477,7 @@ defmodule EXLA.Executable do
   # the CPU, the CPU's features (XLA:CPU generates code for the features of
   # the machine that compiles). Computed once per client and device.
   def target(%EXLA.Client{} = client, device_id) do
-    EXLA.Client.cached({__MODULE__, :target, client.name, device_id}, fn ->
+    EXLA.Memo.get({__MODULE__, :target, client.name, device_id}, fn ->
       info = NIF.unwrap!(NIF.client_info(client.ref))
       %{kind: kind} = Enum.at(info.devices, device_id)
       platform = String.downcase(info.platform_name)

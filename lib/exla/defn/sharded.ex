@@ -14,8 +14,6 @@ defmodule EXLA.Defn.Sharded do
   # whole), freeing the others.
   @behaviour Nx.Defn.Compiler
 
-  require Logger
-
   alias Nx.Defn.Composite
   alias EXLA.Defn.LockedCache
   alias EXLA.{Executable, Sharding}
@@ -54,14 +52,12 @@ defmodule EXLA.Defn.Sharded do
     {shardings, opts} = Keyword.pop(opts, :input_shardings)
     opts = EXLA.Defn.validate_options!(opts)
     build = fn -> build(key, vars, fun, mesh, shardings, opts) end
+    cache_key = {:shard_jit, key, EXLA.Defn.vars_key(vars), mesh, shardings, opts}
 
-    if opts[:cache] do
-      cache_key = {:shard_jit, key, EXLA.Defn.vars_key(vars), mesh, shardings, opts}
-      {_hit_or_miss, compiled} = LockedCache.run(cache_key, build)
-      compiled
-    else
-      build.()
-    end
+    {_hit_miss_or_off, compiled} =
+      LockedCache.fetch_or_build(opts[:cache], cache_key, :permanent, build)
+
+    compiled
   end
 
   defp build(key, vars, fun, mesh, shardings, opts) do
@@ -69,22 +65,11 @@ defmodule EXLA.Defn.Sharded do
     partitions = Sharding.partitions!(mesh, client.device_count)
     inputs = Composite.flatten_list(vars)
     shardings = input_shardings!(shardings, inputs, mesh)
-    {eval_time, expr} = :timer.tc(fn -> fun.(vars) end)
 
-    {compile_time, compiled} =
-      :timer.tc(fn -> compile(client, expr, inputs, mesh, partitions, shardings, opts) end)
-
-    :telemetry.execute(
-      [:exla, :compilation],
-      %{eval_time: eval_time, compile_time: compile_time, total_time: eval_time + compile_time},
-      %{key: key}
-    )
-
-    if opts[:debug] do
-      Logger.debug("EXLA shard_jit compilation #{inspect(key)} in #{div(compile_time, 1000)}ms")
-    end
-
-    compiled
+    # The partitioned program is compiled afresh (it skips the disk cache).
+    EXLA.Defn.compilation(key, vars, fun, opts, fn expr ->
+      {compile(client, expr, inputs, mesh, partitions, shardings, opts), :off}
+    end)
   end
 
   defp compile(client, expr, inputs, mesh, partitions, shardings, opts) do
