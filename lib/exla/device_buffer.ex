@@ -22,7 +22,7 @@ defmodule EXLA.DeviceBuffer do
   """
 
   require EXLA.Remote, as: Remote
-  import EXLA.Placement, only: [small_transfer?: 1, small_delete?: 1]
+  import EXLA.Placement, only: [small_transfer?: 1, small_read?: 1, small_delete?: 1]
   alias EXLA.{NIF, Shape}
 
   @enforce_keys [:ref, :client_name, :device_id, :shape]
@@ -86,10 +86,20 @@ defmodule EXLA.DeviceBuffer do
   """
   def read(buffer, size \\ -1)
 
-  def read(%__MODULE__{ref: ref}, size) when Remote.local?(ref) and is_integer(size) do
-    case NIF.buffer_read(ref, size) do
+  def read(%__MODULE__{ref: ref, shape: shape}, size)
+      when Remote.local?(ref) and is_integer(size) do
+    bytes = Shape.byte_size(shape)
+    bytes = if size >= 0, do: min(size, bytes), else: bytes
+
+    # A small read of ready data copies on this scheduler; a large one, or
+    # one that waits for its data, on a dirty scheduler (see EXLA.Placement).
+    with true <- small_read?(bytes),
+         {:ok, data} when is_binary(data) <- NIF.buffer_read(ref, size) do
+      data
+    else
+      false -> NIF.unwrap!(NIF.buffer_read_dirty(ref, size))
       {:ok, nil} -> NIF.unwrap!(NIF.buffer_read_dirty(ref, size))
-      other -> NIF.unwrap!(other)
+      error -> NIF.unwrap!(error)
     end
   end
 

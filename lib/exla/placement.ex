@@ -32,19 +32,22 @@ defmodule EXLA.Placement do
       scheduler. Defaults to 65,536; `0` sends every program to a dirty
       scheduler or a thread (for a machine where small programs run slowly)
 
-  ## Transfers and deletions
+  ## Transfers, reads and deletions
 
   Copying a binary of at most #{64 * 1024} bytes to a device
-  (`small_transfer?/1`) and freeing a buffer under #{1024 * 1024} bytes
-  (`small_delete?/1`; a larger one may unmap memory, about 50 µs per MiB
-  on the host) run on the calling scheduler; larger ones on a dirty
-  scheduler. These are guards, so the per-call path pays no call for them.
+  (`small_transfer?/1`), reading at most #{1024 * 1024} bytes of a buffer
+  whose data is ready (`small_read?/1`, a copy well under a millisecond)
+  and freeing a buffer under #{1024 * 1024} bytes (`small_delete?/1`; a
+  larger one may unmap memory, about 50 µs per MiB on the host) run on the
+  calling scheduler; larger ones on a dirty scheduler. These are guards,
+  so the per-call path pays no call for them.
   """
 
   alias EXLA.MLIR.Facts
 
   @default_scheduler_elements 64 * 1024
   @small_transfer 64 * 1024
+  @small_read 1024 * 1024
   @small_delete 1024 * 1024
 
   @doc """
@@ -84,6 +87,9 @@ defmodule EXLA.Placement do
 
   @doc "Whether copying `bytes` to a device runs on the calling scheduler."
   defguard small_transfer?(bytes) when bytes <= @small_transfer
+
+  @doc "Whether reading `bytes` of a ready buffer runs on the calling scheduler."
+  defguard small_read?(bytes) when bytes <= @small_read
 
   @doc "Whether freeing a buffer of `bytes` runs on the calling scheduler."
   defguard small_delete?(bytes) when bytes < @small_delete
