@@ -159,10 +159,9 @@ defmodule EXLA.CompileCache do
   defp entry_path({:dir, dir}, key), do: Path.join(dir, key <> @suffix)
   defp entry_path({:file, path}, _key), do: path
 
-  @doc false
   # The key of `program` compiled for `client` with `opts` (see "The
   # key"), as lowercase hex.
-  def key(client, %EXLA.MLIR.Program{text: mlir}, opts) do
+  defp key(client, %EXLA.MLIR.Program{text: mlir}, opts) do
     device_id = opts[:device_id] || client.default_device_id
 
     material = {
@@ -249,9 +248,18 @@ defmodule EXLA.CompileCache do
     end
   end
 
-  @doc false
-  # Removes the least recently used executables of `dir` until they take at
-  # most `max_size` bytes, and temporary files left over by dead writers.
+  @doc """
+  Removes the least recently used executables of the cache directory `dir`
+  until they take at most `max_size` bytes, and the temporary files that
+  VMs which died while writing left there. Returns `:ok`.
+
+  EXLA trims the directory to `:cache_max_size` whenever it writes to it;
+  call this to shrink a cache further, for example before packing it into
+  a release or an image:
+
+      EXLA.CompileCache.trim(EXLA.CompileCache.dir(), 100_000_000)
+  """
+  @spec trim(Path.t(), non_neg_integer()) :: :ok
   def trim(dir, max_size) do
     now = System.os_time(:second)
 

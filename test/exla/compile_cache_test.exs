@@ -67,7 +67,7 @@ defmodule EXLA.CompileCacheTest do
   test "a program compiled once is loaded from disk afterwards", %{client: client, dir: dir} do
     assert {exe, :miss} = CompileCache.compile(client, program(1.0), [], true)
     path = entry!(dir)
-    assert Path.basename(path) == CompileCache.key(client, program(1.0), []) <> ".exla"
+    assert Path.basename(path) =~ ~r/^[0-9a-f]{64}\.exla$/
 
     assert {loaded, :hit} = CompileCache.compile(client, program(1.0), [], true)
     assert run(loaded) == run(exe)
@@ -105,16 +105,20 @@ defmodule EXLA.CompileCacheTest do
     assert File.ls!(dir) == []
   end
 
-  test "the key follows the program and the compile options", %{client: client} do
-    key = CompileCache.key(client, program(1.0), [])
-    assert key == CompileCache.key(client, program(1.0), device_id: 0, num_replicas: 1)
-    assert key =~ ~r/^[0-9a-f]{64}$/
-    refute key == CompileCache.key(client, program(2.0), [])
-    refute key == CompileCache.key(client, program(1.0), num_partitions: 2)
-    refute key == CompileCache.key(client, program(1.0), num_replicas: 2)
+  test "the key follows the program and the compile options", %{client: client, dir: dir} do
+    assert {_, :miss} = CompileCache.compile(client, program(1.0), [], true)
+    assert {_, :hit} = CompileCache.compile(client, program(1.0), [device_id: 0], true)
+    assert {_, :miss} = CompileCache.compile(client, program(2.0), [], true)
 
     other_options = %{client | xla_options: [{"xla_cpu_use_xnnpack", {:bool, true}}]}
-    refute key == CompileCache.key(other_options, program(1.0), [])
+    assert {_, :miss} = CompileCache.compile(other_options, program(1.0), [], true)
+
+    EXLA.TestClients.add(:compile_cache_two_devices, platform: :host, device_count: 2)
+    two = EXLA.Client.fetch!(:compile_cache_two_devices)
+    assert {_, :hit} = CompileCache.compile(two, program(1.0), [], true)
+    assert {_, :miss} = CompileCache.compile(two, program(1.0), [num_replicas: 2], true)
+    assert {_, :miss} = CompileCache.compile(two, program(1.0), [num_partitions: 2], true)
+    assert length(entries(dir)) == 5
   end
 
   # Replaces the entry by `damage.(binary)`, then checks that the next
@@ -273,31 +277,36 @@ defmodule EXLA.CompileCacheTest do
 
   test "the least recently used programs are evicted past the size cap",
        %{client: client, dir: dir} do
-    key = &CompileCache.key(client, program(&1), [])
-    path = &Path.join(dir, key.(&1) <> ".exla")
+    # The file each program's compilation writes.
+    new_entry = fn c ->
+      before = entries(dir)
+      {_, :miss} = CompileCache.compile(client, program(c), [], true)
+      Enum.map(entries(dir) -- before, &Path.join(dir, &1))
+    end
 
-    {_, :miss} = CompileCache.compile(client, program(1.0), [], true)
-    {_, :miss} = CompileCache.compile(client, program(2.0), [], true)
-    size = File.stat!(path.(1.0)).size
+    [one] = new_entry.(1.0)
+    [two] = new_entry.(2.0)
+    path = %{1.0 => one, 2.0 => two}
+    size = File.stat!(path[1.0]).size
 
     # Program 1 is the oldest, then 2; a hit makes 1 the most recent.
-    File.touch!(path.(1.0), 1_000_000)
-    File.touch!(path.(2.0), 2_000_000)
+    File.touch!(path[1.0], 1_000_000)
+    File.touch!(path[2.0], 2_000_000)
     assert {_, :hit} = CompileCache.compile(client, program(1.0), [], true)
 
     # Room for two: the third evicts 2, the least recently used.
     Application.put_env(:exla, :cache_max_size, 2 * size + div(size, 2))
-    {_, :miss} = CompileCache.compile(client, program(3.0), [], true)
-    assert File.exists?(path.(1.0))
-    refute File.exists?(path.(2.0))
-    assert File.exists?(path.(3.0))
+    [three] = new_entry.(3.0)
+    assert File.exists?(path[1.0])
+    refute File.exists?(path[2.0])
+    assert File.exists?(three)
     assert {_, :miss} = CompileCache.compile(client, program(2.0), [], true)
+    assert File.exists?(path[2.0])
     assert length(entries(dir)) == 2
 
     # A program larger than the whole cap is not written.
     Application.put_env(:exla, :cache_max_size, div(size, 2))
-    {_, :miss} = CompileCache.compile(client, program(4.0), [], true)
-    refute File.exists?(path.(4.0))
+    assert new_entry.(4.0) == []
   end
 
   test "trimming removes temporary files left over by dead writers", %{dir: dir} do
