@@ -71,9 +71,8 @@ defmodule CacheBench do
     # terms, evictable ones in ETS (caches without that split keep all of
     # them in :persistent_term).
     {pinned, entries, ets_words} =
-      if function_exported?(cache, :bounded_info, 0) do
-        info = cache.bounded_info()
-        {info.pinned, info.evictable, info.evictable_words}
+      if :ets.whereis(cache) != :undefined do
+        {:sys.get_state(cache).pinned, :ets.info(cache, :size), :ets.info(cache, :memory)}
       else
         {"all", 0, 0}
       end

@@ -232,7 +232,7 @@ defmodule EXLA.Client do
         name
 
       :error ->
-        cached({__MODULE__, :default_name}, fn ->
+        EXLA.Memo.get({__MODULE__, :default_name}, fn ->
           choose_default(
             Application.fetch_env!(:exla, :clients),
             Application.fetch_env!(:exla, :preferred_clients),
@@ -285,7 +285,7 @@ defmodule EXLA.Client do
   """
   @spec fetch!(atom()) :: t()
   def fetch!(name) when is_atom(name) do
-    :persistent_term.get({__MODULE__, :client, name}, nil) ||
+    EXLA.Memo.peek({__MODULE__, :client, name}) ||
       serialize(fn -> fetch_serialized(name) end)
   end
 
@@ -316,7 +316,7 @@ defmodule EXLA.Client do
   """
   @spec get_supported_platforms() :: %{optional(atom()) => pos_integer()}
   def get_supported_platforms do
-    :persistent_term.get({__MODULE__, :supported_platforms}, nil) ||
+    EXLA.Memo.peek({__MODULE__, :supported_platforms}) ||
       serialize(&supported_serialized/0)
   end
 
@@ -339,7 +339,7 @@ defmodule EXLA.Client do
   """
   @spec max_tensor_bytes(t()) :: pos_integer()
   def max_tensor_bytes(%__MODULE__{platform: :host}) do
-    cached({__MODULE__, :host_memory}, &host_memory/0)
+    EXLA.Memo.get({__MODULE__, :host_memory}, &host_memory/0)
   end
 
   def max_tensor_bytes(%__MODULE__{}), do: @address_space_bytes
@@ -587,7 +587,7 @@ defmodule EXLA.Client do
   end
 
   defp fetch_serialized(name) do
-    cached({__MODULE__, :client, name}, fn ->
+    EXLA.Memo.get({__MODULE__, :client, name}, fn ->
       options =
         client_config(Application.fetch_env!(:exla, :clients), name) ||
           raise ArgumentError, "could not find EXLA client named #{inspect(name)}"
@@ -597,21 +597,6 @@ defmodule EXLA.Client do
       if options[:warm_up] and cpu_platform?(client.platform_name), do: WarmUp.start(client)
       client
     end)
-  end
-
-  @doc false
-  # Clients and facts about the machine and the plugins live in
-  # :persistent_term: they are written once and read on every operation.
-  def cached(key, fun) do
-    case :persistent_term.get(key, nil) do
-      nil ->
-        value = fun.()
-        :persistent_term.put(key, value)
-        value
-
-      value ->
-        value
-    end
   end
 
   defp client_config(clients, name) do
@@ -707,7 +692,7 @@ defmodule EXLA.Client do
   ## Supported platforms
 
   defp supported_serialized do
-    cached({__MODULE__, :supported_platforms}, fn ->
+    EXLA.Memo.get({__MODULE__, :supported_platforms}, fn ->
       clients = Application.fetch_env!(:exla, :clients)
 
       Enum.reduce(@platforms, %{}, fn platform, acc ->

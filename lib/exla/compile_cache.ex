@@ -118,21 +118,22 @@ defmodule EXLA.CompileCache do
   end
 
   @doc false
-  # Compiles `mlir` for `client` with `opts` (those of
-  # `EXLA.Executable.compile/3`), or loads it from the cache that `cache`
-  # (the `:cache` option) names. Returns `{executable, status}`, where
-  # status is `:hit` (loaded from disk), `:miss` (compiled, and looked for
-  # on disk first) or `:off` (compiled; no disk cache for this call).
-  # `:input_shapes` and `:output_shapes`, when given, must be those of
-  # `mlir`'s signature (as the lowering's are): the key hashes the text, so
-  # a file with this key has them, and they are not compared again.
-  def compile(client, mlir, opts, cache) do
+  # Compiles `program` (an EXLA.MLIR.Program) for `client` with `opts`
+  # (those of `EXLA.Executable.compile/3`), or loads it from the cache that
+  # `cache` (the `:cache` option) names. Returns `{executable, status}`,
+  # where status is `:hit` (loaded from disk), `:miss` (compiled, and
+  # looked for on disk first) or `:off` (compiled; no disk cache for this
+  # call). The key hashes the program's text, which its shapes and facts
+  # are made from: a file with this key has them. A loaded executable keeps
+  # the facts it was sealed with and is placed by this VM's policy (see
+  # EXLA.Placement).
+  def compile(client, %EXLA.MLIR.Program{} = program, opts, cache) do
     case location(cache) do
       nil ->
-        {Executable.compile(client, mlir, opts), :off}
+        {Executable.compile(client, program, opts), :off}
 
       location ->
-        key = key(client, mlir, opts)
+        key = key(client, program, opts)
         path = entry_path(location, key)
 
         case read(client, path, key) do
@@ -141,7 +142,7 @@ defmodule EXLA.CompileCache do
             {executable, :hit}
 
           {:miss, write_always?} ->
-            {time, executable} = :timer.tc(fn -> Executable.compile(client, mlir, opts) end)
+            {time, executable} = :timer.tc(fn -> Executable.compile(client, program, opts) end)
 
             if write_always? or match?({:file, _}, location) or time >= min_compile_time() * 1000,
               do: write(location, path, executable, key)
@@ -158,10 +159,9 @@ defmodule EXLA.CompileCache do
   defp entry_path({:dir, dir}, key), do: Path.join(dir, key <> @suffix)
   defp entry_path({:file, path}, _key), do: path
 
-  @doc false
-  # The key of `mlir` compiled for `client` with `opts` (see "The key"), as
-  # lowercase hex.
-  def key(client, mlir, opts) do
+  # The key of `program` compiled for `client` with `opts` (see "The
+  # key"), as lowercase hex.
+  defp key(client, %EXLA.MLIR.Program{text: mlir}, opts) do
     device_id = opts[:device_id] || client.default_device_id
 
     material = {
@@ -248,9 +248,18 @@ defmodule EXLA.CompileCache do
     end
   end
 
-  @doc false
-  # Removes the least recently used executables of `dir` until they take at
-  # most `max_size` bytes, and temporary files left over by dead writers.
+  @doc """
+  Removes the least recently used executables of the cache directory `dir`
+  until they take at most `max_size` bytes, and the temporary files that
+  VMs which died while writing left there. Returns `:ok`.
+
+  EXLA trims the directory to `:cache_max_size` whenever it writes to it;
+  call this to shrink a cache further, for example before packing it into
+  a release or an image:
+
+      EXLA.CompileCache.trim(EXLA.CompileCache.dir(), 100_000_000)
+  """
+  @spec trim(Path.t(), non_neg_integer()) :: :ok
   def trim(dir, max_size) do
     now = System.os_time(:second)
 

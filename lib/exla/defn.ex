@@ -178,7 +178,7 @@ defmodule EXLA.Defn do
     lowered = lower(expr, vars, opts)
 
     %{
-      mlir_module: lowered.mlir_module,
+      mlir_module: lowered.program.text,
       used_inputs: lowered.used_inputs,
       output_container: Composite.traverse(expr, &Nx.to_template/1)
     }
@@ -201,7 +201,8 @@ defmodule EXLA.Defn do
   @doc false
   # Runs `compiled` on `args` and returns the list of output buffers.
   def __run_buffers__(%Compiled{exe: exe} = compiled, args) do
-    [outputs] = EXLA.Executable.run(exe, [to_buffers(args, compiled.input_shapes, compiled)])
+    buffers = to_buffers(args, compiled.input_shapes, compiled.client, compiled.device_id)
+    [outputs] = EXLA.Executable.run(exe, [buffers])
     outputs
   end
 
@@ -239,21 +240,16 @@ defmodule EXLA.Defn do
     # :cache_kind is internal (EXLA.Backend's ops), not a jit option
     {internal, opts} = Keyword.split(opts, [:cache_kind])
     opts = validate_options!(opts) ++ internal
-    build = fn -> build(key, vars, fun, opts) end
+    kind = Keyword.get(opts, :cache_kind, :permanent)
+    build = fn -> from_origin(key, cache_key, opts) || build(key, vars, fun, opts) end
 
-    if opts[:cache] do
-      build_here = fn -> from_origin(key, cache_key, opts) || build.() end
+    case LockedCache.fetch_or_build(opts[:cache], cache_key, kind, build) do
+      {:hit, compiled} ->
+        if opts[:debug], do: log_hits(key, 0)
+        compiled
 
-      case LockedCache.run(cache_key, build_here, Keyword.get(opts, :cache_kind, :permanent)) do
-        {:miss, compiled} ->
-          compiled
-
-        {:hit, compiled} ->
-          if opts[:debug], do: log_hits(key, 0)
-          compiled
-      end
-    else
-      build.()
+      {_miss_or_off, compiled} ->
+        compiled
     end
   end
 
@@ -262,7 +258,8 @@ defmodule EXLA.Defn do
   # already: then its executable is loaded from there (same plugin, same
   # client name and device), which spares compiling it here.
   defp from_origin(key, cache_key, opts) when is_function(key) do
-    with {:pid, pid} when is_pid(pid) and node(pid) != node() <- :erlang.fun_info(key, :pid),
+    with true <- opts[:cache] != false,
+         {:pid, pid} when is_pid(pid) and node(pid) != node() <- :erlang.fun_info(key, :pid),
          true <- node(pid) in Node.list(),
          %Compiled{exe: exe, client_name: client, device_id: device} = compiled <-
            cached_on(node(pid), cache_key),
@@ -288,14 +285,23 @@ defmodule EXLA.Defn do
   end
 
   defp build(key, vars, fun, opts) do
+    compilation(key, vars, fun, opts, &compile_expr(key, &1, vars, opts))
+  end
+
+  @doc false
+  # The one path of a compilation (of jit, compile, stream and shard_jit):
+  # evaluates `fun` on `vars` to an expression, gives it to `compile`
+  # (which returns `{compiled, disk_cache}`, see EXLA.CompileCache.compile/4),
+  # logs both steps with `debug: true` and emits the `[:exla, :compilation]`
+  # telemetry event. Returns what `compile` compiled.
+  def compilation(key, vars, fun, opts, compile) do
     {eval_time, expr} = :timer.tc(fn -> fun.(vars) end)
 
     if opts[:debug] do
       Logger.debug("EXLA defn evaluation #{inspect(key)} cache miss in #{ms(eval_time)}ms")
     end
 
-    {compile_time, {compiled, disk_cache}} =
-      :timer.tc(fn -> compile_expr(key, expr, vars, opts) end)
+    {compile_time, {compiled, disk_cache}} = :timer.tc(fn -> compile.(expr) end)
 
     if opts[:debug] do
       Logger.debug(
@@ -317,7 +323,7 @@ defmodule EXLA.Defn do
   # EXLA.CompileCache.compile/4).
   defp compile_expr(key, expr, vars, opts) do
     client = EXLA.Client.fetch!(opts[:client])
-    %{mlir_module: mlir} = lowered = lower(expr, vars, opts)
+    %{program: program} = lowered = lower(expr, vars, opts)
     # A lazy program's sites carry `:lazy` (see lazy_variants/4).
     callbacks =
       cond do
@@ -333,13 +339,8 @@ defmodule EXLA.Defn do
 
     if callbacks, do: EXLA.HostCallback.install!(client)
 
-    compile_opts = [
-      device_id: opts[:device_id],
-      input_shapes: lowered.input_shapes,
-      output_shapes: lowered.output_shapes
-    ]
-
-    {exe, disk_cache} = EXLA.CompileCache.compile(client, mlir, compile_opts, opts[:cache])
+    compile_opts = [device_id: opts[:device_id]]
+    {exe, disk_cache} = EXLA.CompileCache.compile(client, program, compile_opts, opts[:cache])
     output = Composite.traverse(expr, &%{&1 | data: %Nx.TemplateBackend{}})
     donated = donated_inputs(vars, opts[:donate])
     {input_shapes, donate} = parameters(vars, lowered.used_inputs, donated, opts)
@@ -436,14 +437,12 @@ defmodule EXLA.Defn do
     variant = fn device ->
       opts = Keyword.put(opts, :device_inputs, device)
       build = fn -> key |> compile_expr(expr, vars, opts) |> elem(0) end
+      cache_key = {:lazy_variant, key, vars_key(vars), opts}
 
-      if opts[:cache] do
-        case LockedCache.run({:lazy_variant, key, vars_key(vars), opts}, build) do
-          {_miss_or_hit, compiled} -> compiled
-        end
-      else
-        build.()
-      end
+      {_hit_miss_or_off, compiled} =
+        LockedCache.fetch_or_build(opts[:cache], cache_key, :permanent, build)
+
+      compiled
     end
 
     %{device: opts[:device_inputs] || [], variant: variant}
@@ -560,7 +559,7 @@ defmodule EXLA.Defn do
   defp run_list(compiled, args_list), do: Enum.map(args_list, &run_one(compiled, &1))
 
   defp run_one(%Compiled{exe: exe, build: build, callbacks: nil} = compiled, args) do
-    buffers = to_buffers(args, compiled.input_shapes, compiled)
+    buffers = to_buffers(args, compiled.input_shapes, compiled.client, compiled.device_id)
     [outputs] = EXLA.Executable.run(exe, [buffers], run_options(compiled.donate))
     build.(outputs)
   end
@@ -582,7 +581,7 @@ defmodule EXLA.Defn do
 
     buffers =
       for {%T{} = tensor, i} <- Enum.with_index(resident),
-          do: tensor |> to_buffer(elem(shapes, i), c) |> on_device(c)
+          do: to_buffer(tensor, elem(shapes, i), c.client, c.device_id)
 
     fetch = fn i -> lazy_binary(elem(inputs, i), elem(shapes, i)) end
     # Parameters are the device inputs, in order.
@@ -592,11 +591,7 @@ defmodule EXLA.Defn do
   end
 
   defp run_one(%Compiled{exe: exe, build: build, callbacks: sites} = compiled, args) do
-    buffers =
-      args
-      |> to_buffers(compiled.input_shapes, compiled)
-      |> Enum.map(&on_device(&1, compiled))
-
+    buffers = to_buffers(args, compiled.input_shapes, compiled.client, compiled.device_id)
     build.(EXLA.HostCallback.run!(exe, buffers, sites, donate: compiled.donate))
   end
 
@@ -625,44 +620,46 @@ defmodule EXLA.Defn do
   defp lazy_binary(number, shape) when is_number(number),
     do: number |> Nx.tensor(type: shape.dtype) |> Nx.to_binary()
 
-  defp on_device({binary, shape}, compiled),
-    do: EXLA.DeviceBuffer.place_on_device(binary, shape, compiled.client, compiled.device_id)
-
-  defp on_device(buffer, _compiled), do: buffer
-
   # An input the program does not take (its shape is nil) is skipped
   # without being looked at: a template or a lazy container stays unbuilt.
-  defp to_buffers([_arg | args], [nil | shapes], compiled),
-    do: to_buffers(args, shapes, compiled)
+  defp to_buffers([_arg | args], [nil | shapes], client, device_id),
+    do: to_buffers(args, shapes, client, device_id)
 
-  defp to_buffers([arg | args], [shape | shapes], compiled),
-    do: [to_buffer(arg, shape, compiled) | to_buffers(args, shapes, compiled)]
+  defp to_buffers([arg | args], [shape | shapes], client, device_id),
+    do: [to_buffer(arg, shape, client, device_id) | to_buffers(args, shapes, client, device_id)]
 
-  defp to_buffers([], [], _compiled), do: []
+  defp to_buffers([], [], _client, _device_id), do: []
 
-  defp to_buffers(args, shapes, _compiled) do
+  defp to_buffers(args, shapes, _client, _device_id) do
     raise ArgumentError,
           "expected #{length(shapes)} arguments for the compiled function, got: #{length(args)}"
   end
 
-  defp to_buffer(fun, shape, compiled) when is_function(fun, 0),
-    do: to_buffer(fun.(), shape, compiled)
+  @doc false
+  # The one path from an argument of a compiled function (a tensor, a
+  # number, or a function that returns one) to a run's argument (see
+  # EXLA.Executable.run/3) on `device_id` of `client`: a tensor's device
+  # buffer as it is when it is there already, copied from other EXLA
+  # devices (and nodes, see EXLA.Remote), and any other data as
+  # `{binary, shape}`, which the run sends to the device.
+  def to_buffer(fun, shape, client, device_id) when is_function(fun, 0),
+    do: to_buffer(fun.(), shape, client, device_id)
 
-  # A buffer of another node is copied here (see EXLA.Remote).
-  defp to_buffer(
-         %T{data: %EXLA.Backend{buffer: %{ref: ref, client_name: name, device_id: id} = buffer}},
-         _shape,
-         %Compiled{client_name: name, device_id: id}
-       )
-       when node(ref) == node(),
-       do: buffer
+  def to_buffer(
+        %T{data: %EXLA.Backend{buffer: %{ref: ref, client_name: name, device_id: id} = buffer}},
+        _shape,
+        %{name: name},
+        id
+      )
+      when node(ref) == node(),
+      do: buffer
 
-  defp to_buffer(%T{data: %EXLA.Backend{buffer: buffer}}, _shape, compiled),
-    do: EXLA.DeviceBuffer.copy_to_device(buffer, compiled.client, compiled.device_id)
+  def to_buffer(%T{data: %EXLA.Backend{buffer: buffer}}, _shape, client, device_id),
+    do: EXLA.DeviceBuffer.copy_to_device(buffer, client, device_id)
 
-  defp to_buffer(%T{} = tensor, shape, _compiled), do: {Nx.to_binary(tensor), shape}
+  def to_buffer(%T{} = tensor, shape, _client, _device_id), do: {Nx.to_binary(tensor), shape}
 
-  defp to_buffer(number, shape, _compiled) when is_number(number),
+  def to_buffer(number, shape, _client, _device_id) when is_number(number),
     do: {number |> Nx.tensor(type: shape.dtype) |> Nx.to_binary(), shape}
 
   defp run_compiled(%Compiled{debug?: false} = compiled, args_list),

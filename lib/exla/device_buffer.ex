@@ -22,16 +22,13 @@ defmodule EXLA.DeviceBuffer do
   """
 
   require EXLA.Remote, as: Remote
+  import EXLA.Placement, only: [small_transfer?: 1, small_read?: 1, small_delete?: 1]
   alias EXLA.{NIF, Shape}
 
   @enforce_keys [:ref, :client_name, :device_id, :shape]
   defstruct [:ref, :client_name, :device_id, :shape]
 
   @type t :: %__MODULE__{ref: reference(), client_name: atom(), device_id: non_neg_integer()}
-
-  # Transfers up to this size run on a normal scheduler: copying them takes
-  # microseconds. Larger ones go to a dirty IO scheduler.
-  @small_transfer 64 * 1024
 
   @doc false
   def from_ref(ref, client, device_id, %Shape{} = shape) when is_reference(ref) do
@@ -46,8 +43,9 @@ defmodule EXLA.DeviceBuffer do
     {code, dims} = Shape.to_spec(shape)
     client = EXLA.Client.local(client)
 
+    # Small transfers take microseconds (see EXLA.Placement).
     ref =
-      if byte_size(data) <= @small_transfer do
+      if small_transfer?(byte_size(data)) do
         NIF.buffer_from_binary(client.ref, data, code, dims, device_id)
       else
         NIF.buffer_from_binary_dirty(client.ref, data, code, dims, device_id)
@@ -88,10 +86,20 @@ defmodule EXLA.DeviceBuffer do
   """
   def read(buffer, size \\ -1)
 
-  def read(%__MODULE__{ref: ref}, size) when Remote.local?(ref) and is_integer(size) do
-    case NIF.buffer_read(ref, size) do
+  def read(%__MODULE__{ref: ref, shape: shape}, size)
+      when Remote.local?(ref) and is_integer(size) do
+    bytes = Shape.byte_size(shape)
+    bytes = if size >= 0, do: min(size, bytes), else: bytes
+
+    # A small read of ready data copies on this scheduler; a large one, or
+    # one that waits for its data, on a dirty scheduler (see EXLA.Placement).
+    with true <- small_read?(bytes),
+         {:ok, data} when is_binary(data) <- NIF.buffer_read(ref, size) do
+      data
+    else
+      false -> NIF.unwrap!(NIF.buffer_read_dirty(ref, size))
       {:ok, nil} -> NIF.unwrap!(NIF.buffer_read_dirty(ref, size))
-      other -> NIF.unwrap!(other)
+      error -> NIF.unwrap!(error)
     end
   end
 
@@ -138,10 +146,6 @@ defmodule EXLA.DeviceBuffer do
     end
   end
 
-  # Freeing a larger buffer may unmap its memory (about 50 µs per MiB on
-  # the host): it runs on a dirty IO scheduler.
-  @small_delete 1024 * 1024
-
   @doc """
   Frees the device memory now.
 
@@ -150,8 +154,8 @@ defmodule EXLA.DeviceBuffer do
   """
   def deallocate(%__MODULE__{ref: ref, shape: shape}) when Remote.local?(ref) do
     # :busy: a run on several devices is taking the buffer; deletion waits
-    # for it on a dirty scheduler.
-    with true <- Shape.byte_size(shape) < @small_delete,
+    # for it on a dirty scheduler, as does a large buffer (see EXLA.Placement).
+    with true <- small_delete?(Shape.byte_size(shape)),
          result when result != :busy <- NIF.unwrap!(NIF.buffer_delete(ref)) do
       result
     else

@@ -10,22 +10,16 @@ defmodule EXLA.Executable do
 
   ## Where programs run
 
-  No program runs long on a normal scheduler of the VM. Compilation
-  decides, from the program, where each of its runs happens (`:run_on`):
-
-    * `:scheduler` - straight-line programs (no op below) whose tensor
-      types add up to at most 65,536 elements run on the calling
-      process's scheduler: XLA:CPU runs them inline in microseconds;
-
-    * `:dirty` - other straight-line programs run on a dirty CPU
-      scheduler: XLA:CPU may run those inline too (an op that only moves
-      data counts no work in XLA's estimate), for as long as their data
-      takes;
-
-    * `:thread` - programs with `while`, `custom_call` or collective ops,
-      which may run for any time, run on a native thread of EXLA that
-      waits for their results and replies by message; the calling process
-      waits in `receive`.
+  No program runs long on a normal scheduler of the VM. Each executable
+  keeps the facts known about its program (`EXLA.MLIR.Facts`: the ops that
+  may run for unbounded time, its largest tensor, the elements its ops
+  touch) and `EXLA.Placement` decides from them where its runs happen
+  (`:run_on`): on the calling process's scheduler for small straight-line
+  programs, on a dirty CPU scheduler for larger ones, and on a native
+  thread of EXLA, replying by message, for programs with loops, host
+  callbacks or collectives and for programs of several devices. A loaded
+  executable (from `deserialize/2` or the compile cache) is placed again
+  by the policy of the VM that loads it.
 
   Compiling, serializing and deserializing always run on native threads
   with a large stack (XLA recurses per op and per nesting level).
@@ -55,10 +49,11 @@ defmodule EXLA.Executable do
   """
 
   require EXLA.Remote, as: Remote
-  alias EXLA.{DeviceBuffer, NIF, Shape}
+  alias EXLA.{DeviceBuffer, NIF, Placement, Shape}
   alias EXLA.Executable.Sealed
+  alias EXLA.MLIR.{Facts, Program}
 
-  @enforce_keys [:ref, :client, :device_id, :input_shapes, :output_shapes]
+  @enforce_keys [:ref, :client, :device_id, :input_shapes, :output_shapes, :facts]
   defstruct [
     :ref,
     :client,
@@ -66,16 +61,22 @@ defmodule EXLA.Executable do
     :input_shapes,
     :output_shapes,
     :devices,
+    :facts,
     num_replicas: 1,
     num_partitions: 1,
     run_on: :thread
   ]
 
   @doc """
-  Compiles StableHLO MLIR text on `client`.
+  Compiles a program on `client`: StableHLO MLIR text, or the
+  `EXLA.MLIR.Program` of EXLA's own lowering.
 
-  The parameter shapes are read from `@main`'s signature and the program
-  is checked (see `EXLA.MLIR.Check`) before the plugin sees it.
+  The parameter shapes and the facts that place its runs are read from
+  hand-written text, and the text is checked (see `EXLA.MLIR.Check`),
+  before the plugin sees it. A program of EXLA's lowering carries them
+  (its lowering checks its sizes and emits no feeds or calls): its text is
+  neither read nor checked, and the plugin is not asked for its output
+  shapes.
 
   The plugin compiles on a native thread with a large stack (see "Where
   programs run"); the calling process waits for it in `receive`.
@@ -89,18 +90,25 @@ defmodule EXLA.Executable do
 
     * `:num_partitions` - number of partitions, at least 1 (defaults to 1)
 
-  EXLA's own compiler also gives `:input_shapes` and `:output_shapes`, the
-  `EXLA.Shape`s of `@main`'s parameters and results as its lowering built
-  them (internal options). A program compiled with them is taken as the
-  lowering's, which checks its sizes and emits no feeds or calls: its text
-  is neither read nor checked, and the plugin is not asked for its output
-  shapes. A caller that knows its program's runs to be long although it
-  is small gives `run_on: :thread` (internal too; see "Where programs
-  run").
+    * `:input_shapes` - the `EXLA.Shape`s of each device's parameters,
+      for a partitioned program (see "Several devices"); defaults to the
+      program's
+
+  A caller that knows its program's runs to be long although it is small
+  gives `run_on: :thread` (internal; recorded as a fact, see "Where
+  programs run").
   """
-  def compile(client, mlir, opts \\ []) when is_binary(mlir) do
+  def compile(client, program, opts \\ [])
+
+  def compile(client, mlir, opts) when is_binary(mlir) do
     client = EXLA.Client.local(client)
-    {shapes, opts} = Keyword.split(opts, [:input_shapes, :output_shapes, :run_on])
+    program = EXLA.MLIR.Check.read!(mlir, EXLA.Client.max_tensor_bytes(client))
+    compile(client, program, opts)
+  end
+
+  def compile(client, %Program{} = program, opts) do
+    client = EXLA.Client.local(client)
+    {internal, opts} = Keyword.split(opts, [:input_shapes, :run_on])
 
     opts =
       Keyword.validate!(opts,
@@ -112,94 +120,57 @@ defmodule EXLA.Executable do
     replicas = positive!(opts, :num_replicas)
     partitions = positive!(opts, :num_partitions)
     device_id = device_id!(client, opts[:device_id])
-
-    input_shapes =
-      shapes[:input_shapes] ||
-        (
-          EXLA.MLIR.Check.module!(mlir, EXLA.Client.max_tensor_bytes(client))
-          main_input_shapes!(mlir)
-        )
-
+    input_shapes = internal[:input_shapes] || program.input_shapes
     specs = Enum.map(input_shapes, &Shape.to_spec/1)
 
     ref =
       NIF.async!(
-        &NIF.executable_compile(client.ref, mlir, specs, device_id, replicas, partitions, &1)
+        &NIF.executable_compile(
+          client.ref,
+          program.text,
+          specs,
+          device_id,
+          replicas,
+          partitions,
+          &1
+        )
       )
 
-    output_shapes = shapes[:output_shapes] || plugin_output_shapes(ref)
-    run_on = if shapes[:run_on] == :thread, do: :thread, else: run_on(mlir)
-    new(ref, client, device_id, input_shapes, output_shapes, replicas, partitions, run_on)
+    facts =
+      if internal[:run_on] == :thread,
+        do: Facts.add_unbounded(program.facts, "declared"),
+        else: program.facts
+
+    %__MODULE__{
+      ref: ref,
+      client: client,
+      device_id: device_id,
+      input_shapes: input_shapes,
+      output_shapes: program.output_shapes || plugin_output_shapes(ref),
+      facts: facts,
+      num_replicas: replicas,
+      num_partitions: partitions
+    }
+    |> place()
   end
 
   defp plugin_output_shapes(ref) do
     ref |> NIF.executable_output_shapes() |> Enum.map(&Shape.from_spec/1)
   end
 
-  defp new(ref, client, device_id, input_shapes, output_shapes, replicas, partitions, run_on) do
-    # A program of several devices runs on all of them together, on a thread.
-    {devices, run_on} =
+  # The devices an executable runs on and where its runs happen, decided
+  # from its facts by this VM's policy (see "Where programs run").
+  defp place(%__MODULE__{num_replicas: replicas, num_partitions: partitions} = executable) do
+    devices =
       if replicas * partitions == 1,
-        do: {[device_id], run_on},
-        else: {NIF.executable_devices(ref), :thread}
+        do: [executable.device_id],
+        else: NIF.executable_devices(executable.ref)
 
-    %__MODULE__{
-      ref: ref,
-      client: client,
-      device_id: device_id,
-      devices: devices,
-      input_shapes: input_shapes,
-      output_shapes: output_shapes,
-      num_replicas: replicas,
-      num_partitions: partitions,
-      run_on: run_on
+    %{
+      executable
+      | devices: devices,
+        run_on: Placement.run_on(executable.facts, length(devices))
     }
-  end
-
-  # Ops that may run for unbounded time: loops, host callbacks, transfers
-  # that wait for the host, and collectives that wait for other replicas.
-  @unbounded_ops ~w(while custom_call infeed outfeed send recv all_reduce all_gather
-                    all_to_all reduce_scatter collective_permute collective_broadcast)
-  @unbounded_op Regex.compile!(
-                  "\\b(?:stablehlo|mhlo|chlo)\\.(?:#{Enum.join(@unbounded_ops, "|")})\\b"
-                )
-
-  # The most tensor elements (over all the types written in the program)
-  # of a program run on the calling process's scheduler.
-  @scheduler_elements 64 * 1024
-
-  @doc false
-  # Where the runs of `mlir` happen (see "Where programs run"). This is the
-  # one place that decides; the NIF has one function per answer.
-  def run_on(mlir) when is_binary(mlir) do
-    cond do
-      Regex.match?(@unbounded_op, mlir) -> :thread
-      tensor_elements(mlir) <= @scheduler_elements -> :scheduler
-      true -> :dirty
-    end
-  end
-
-  defp tensor_elements(mlir) do
-    ~r/tensor<([^>]*)>/
-    |> Regex.scan(mlir, capture: :all_but_first)
-    |> Enum.reduce_while(0, fn [type], total ->
-      total = total + type_elements(type)
-      if total > @scheduler_elements, do: {:halt, total}, else: {:cont, total}
-    end)
-  end
-
-  # "2x3xf32" has 6 elements, "f32" one; a dynamic dimension ("?") counts
-  # as too many.
-  defp type_elements(type) do
-    type
-    |> String.split("x")
-    |> Enum.reduce_while(1, fn part, elements ->
-      case Integer.parse(part) do
-        {dim, ""} -> {:cont, elements * dim}
-        _ when part == "?" -> {:halt, @scheduler_elements + 1}
-        _ -> {:halt, elements}
-      end
-    end)
   end
 
   defp positive!(opts, key) do
@@ -245,8 +216,7 @@ defmodule EXLA.Executable do
   def run(%__MODULE__{ref: ref, devices: [device_id]} = executable, [args], opts)
       when Remote.local?(ref) and is_list(args) do
     donate = donate_option(opts)
-    %{client: client} = executable
-    refs = Enum.map(args, &argument_ref(&1, client, device_id))
+    refs = argument_refs(args, executable.client, device_id)
     outputs = run_native(executable, refs, donate)
     [wrap_outputs(executable, device_id, outputs)]
   end
@@ -261,7 +231,7 @@ defmodule EXLA.Executable do
 
     refs =
       Enum.zip_with(lists, devices, fn args, device_id when is_list(args) ->
-        Enum.map(args, &argument_ref(&1, client, device_id))
+        argument_refs(args, client, device_id)
       end)
 
     outputs = NIF.async!(&NIF.executable_run_devices(ref, refs, donate, &1))
@@ -292,6 +262,14 @@ defmodule EXLA.Executable do
 
   defp run_native(%{run_on: :thread, ref: ref}, refs, donate),
     do: NIF.async!(&NIF.executable_run_async(ref, refs, donate, &1))
+
+  @doc false
+  # The one path from run arguments (see run/3) to the native buffers of
+  # `device_id` of `client`; EXLA.HostCallback's runs take it too.
+  def argument_refs([], _client, _device_id), do: []
+
+  def argument_refs([arg | args], client, device_id),
+    do: [argument_ref(arg, client, device_id) | argument_refs(args, client, device_id)]
 
   defp argument_ref(%DeviceBuffer{ref: ref}, _client, _device_id) when Remote.local?(ref),
     do: ref
@@ -337,7 +315,7 @@ defmodule EXLA.Executable do
       num_replicas: executable.num_replicas,
       num_partitions: executable.num_partitions,
       device_id: executable.device_id,
-      run_on: executable.run_on
+      facts: executable.facts
     }
 
     Sealed.seal(Map.merge(extra, metadata), blob)
@@ -446,7 +424,7 @@ defmodule EXLA.Executable do
     end
   end
 
-  defp check_target(client, %{target: target, device_id: device_id})
+  defp check_target(client, %{target: target, device_id: device_id, facts: %Facts{}})
        when is_integer(device_id) and device_id >= 0 do
     cond do
       device_id >= client.device_count ->
@@ -466,25 +444,26 @@ defmodule EXLA.Executable do
   end
 
   defp check_target(_client, _meta),
-    do: {:error, :invalid, "the serialized executable does not say what it was compiled for"}
+    do:
+      {:error, :invalid,
+       "the serialized executable does not say what it was compiled for and what it does"}
 
   defp deserialize_blob(client, meta, blob) do
-    %{input_shapes: input_shapes, output_shapes: output_shapes, device_id: device_id} = meta
+    %{input_shapes: input_shapes, device_id: device_id, facts: facts} = meta
     specs = Enum.map(input_shapes, &Shape.to_spec/1)
     ref = NIF.async!(&NIF.executable_deserialize(client.ref, blob, specs, device_id, &1))
-    run_on = if meta[:run_on] in [:scheduler, :dirty], do: meta.run_on, else: :thread
 
     executable =
-      new(
-        ref,
-        client,
-        device_id,
-        input_shapes,
-        output_shapes,
-        meta.num_replicas,
-        meta.num_partitions,
-        run_on
-      )
+      place(%__MODULE__{
+        ref: ref,
+        client: client,
+        device_id: device_id,
+        input_shapes: input_shapes,
+        output_shapes: meta.output_shapes,
+        facts: facts,
+        num_replicas: meta.num_replicas,
+        num_partitions: meta.num_partitions
+      })
 
     {:ok, executable, meta}
   rescue
@@ -498,7 +477,7 @@ defmodule EXLA.Executable do
   # the CPU, the CPU's features (XLA:CPU generates code for the features of
   # the machine that compiles). Computed once per client and device.
   def target(%EXLA.Client{} = client, device_id) do
-    EXLA.Client.cached({__MODULE__, :target, client.name, device_id}, fn ->
+    EXLA.Memo.get({__MODULE__, :target, client.name, device_id}, fn ->
       info = NIF.unwrap!(NIF.client_info(client.ref))
       %{kind: kind} = Enum.at(info.devices, device_id)
       platform = String.downcase(info.platform_name)
@@ -576,80 +555,5 @@ defmodule EXLA.Executable do
   def __on_owner__(:seal, [%__MODULE__{ref: ref} = executable, extra]) do
     Remote.alive!(ref, :executable)
     seal(executable, extra)
-  end
-
-  @doc false
-  # Reads the parameter shapes from the signature of `@main`: only for
-  # programs that come without their shapes (hand-written ones).
-  def main_input_shapes!(mlir) do
-    case :binary.match(mlir, "@main(") do
-      {start, len} ->
-        rest = binary_part(mlir, start + len, byte_size(mlir) - start - len)
-        rest |> signature_arguments() |> Enum.map(&argument_shape!/1)
-
-      :nomatch ->
-        raise ArgumentError, "the MLIR module has no @main function"
-    end
-  end
-
-  # Splits the text up to the closing parenthesis on top-level commas.
-  defp signature_arguments(text), do: split_arguments(text, 0, "", [])
-
-  defp split_arguments(<<")", _::binary>>, 0, current, acc),
-    do: Enum.reverse(add_argument(current, acc))
-
-  defp split_arguments(<<",", rest::binary>>, 0, current, acc),
-    do: split_arguments(rest, 0, "", add_argument(current, acc))
-
-  defp split_arguments(<<c, rest::binary>>, depth, current, acc) when c in [?<, ?{, ?(, ?[],
-    do: split_arguments(rest, depth + 1, <<current::binary, c>>, acc)
-
-  defp split_arguments(<<c, rest::binary>>, depth, current, acc) when c in [?>, ?}, ?), ?]],
-    do: split_arguments(rest, depth - 1, <<current::binary, c>>, acc)
-
-  defp split_arguments(<<c, rest::binary>>, depth, current, acc),
-    do: split_arguments(rest, depth, <<current::binary, c>>, acc)
-
-  defp split_arguments(<<>>, _depth, _current, _acc),
-    do: raise(ArgumentError, "could not read the signature of @main")
-
-  defp add_argument(current, acc) do
-    case String.trim(current) do
-      "" -> acc
-      argument -> [argument | acc]
-    end
-  end
-
-  defp argument_shape!(argument) do
-    case Regex.run(~r/:\s*tensor<((?:\d+x)*)(\w+|complex<\w+>)>/, argument) do
-      [_, dims, type] ->
-        dims = dims |> String.split("x", trim: true) |> Enum.map(&String.to_integer/1)
-        Shape.make_shape(mlir_type!(type), List.to_tuple(dims))
-
-      nil ->
-        raise ArgumentError, "unsupported @main parameter: #{argument}"
-    end
-  end
-
-  @mlir_types %{
-    "i1" => {:pred, 8},
-    "i8" => {:s, 8},
-    "i16" => {:s, 16},
-    "i32" => {:s, 32},
-    "i64" => {:s, 64},
-    "ui8" => {:u, 8},
-    "ui16" => {:u, 16},
-    "ui32" => {:u, 32},
-    "ui64" => {:u, 64},
-    "f16" => {:f, 16},
-    "bf16" => {:bf, 16},
-    "f32" => {:f, 32},
-    "f64" => {:f, 64},
-    "complex<f32>" => {:c, 64},
-    "complex<f64>" => {:c, 128}
-  }
-
-  defp mlir_type!(type) do
-    Map.get(@mlir_types, type) || raise ArgumentError, "unsupported MLIR element type #{type}"
   end
 end

@@ -64,12 +64,19 @@ defmodule EXLA.HostCallback do
   """
   def install!(client), do: NIF.unwrap!(NIF.callback_install(EXLA.Client.local(client).ref))
 
-  @doc "How many sessions are open in the VM (for leak checks)."
+  @doc """
+  How many host-callback sessions are open in the VM: one per run of a
+  program with host callbacks (hooks, lazy inputs, a stream) that has not
+  ended and been taken. A diagnostic: a count that stays above zero while
+  nothing runs shows runs that were started and never finished nor
+  aborted (each holds its buffers and its owner's messages).
+  """
   def session_count, do: NIF.callback_session_count()
 
   @doc """
-  Runs `exe` on `buffers` (device buffers, before the chain) to the end and
-  returns the output buffers, serving every call meanwhile.
+  Runs `exe` on `buffers` (run arguments as `EXLA.Executable.run/3` takes
+  them, before the chain) to the end and returns the output buffers,
+  serving every call meanwhile.
 
   Options:
 
@@ -99,10 +106,11 @@ defmodule EXLA.HostCallback do
   def start!(exe, buffers, sites, opts \\ []) do
     # Resources of other nodes are brought here first (see EXLA.Remote).
     %{client: client, device_id: device_id} = exe = EXLA.Executable.local!(exe)
-    buffers = Enum.map(buffers, &local_buffer(&1, client, device_id))
+    # Arguments are placed as a run's are, before the session opens.
+    refs = EXLA.Executable.argument_refs(buffers, client, device_id)
     {session, id} = NIF.callback_session(self())
     chain = EXLA.DeviceBuffer.place_on_device(<<id::64-native>>, @chain_shape, client, device_id)
-    refs = Enum.map(buffers, & &1.ref) ++ [chain.ref]
+    refs = refs ++ [chain.ref]
 
     with {:error, _} = error <- NIF.callback_run(exe.ref, session, refs, opts[:donate] || []) do
       NIF.callback_close(session)
@@ -117,12 +125,6 @@ defmodule EXLA.HostCallback do
       fetch_input: opts[:fetch_input] || (&no_lazy_inputs/1),
       counters: :atomics.new(2, signed: false)
     }
-  end
-
-  defp local_buffer(buffer, client, device_id) do
-    if EXLA.DeviceBuffer.local?(buffer),
-      do: buffer,
-      else: EXLA.DeviceBuffer.copy_to_device(buffer, client, device_id)
   end
 
   @doc """

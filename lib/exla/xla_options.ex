@@ -430,7 +430,7 @@ defmodule EXLA.XLAOptions do
   end
 
   defp cached(key, fun) do
-    case EXLA.Client.cached(key, fun) do
+    case EXLA.Memo.get(key, fun) do
       :none -> nil
       value -> value
     end

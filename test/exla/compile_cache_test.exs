@@ -11,7 +11,7 @@ defmodule EXLA.CompileCacheTest do
 
   setup %{tmp_dir: dir} do
     previous =
-      for key <- [:cache_dir, :cache_max_size, :cache_min_compile_time],
+      for key <- [:cache_dir, :cache_max_size, :cache_min_compile_time, :scheduler_max_elements],
           do: {key, Application.fetch_env(:exla, key)}
 
     Application.put_env(:exla, :cache_dir, dir)
@@ -31,7 +31,9 @@ defmodule EXLA.CompileCacheTest do
   end
 
   # sin(x) + c on f32[4]: a distinct program for each `c`.
-  defp program(c) do
+  defp program(c), do: EXLA.MLIR.Check.read!(program_text(c), 2 ** 40)
+
+  defp program_text(c) do
     """
     module {
       func.func public @main(%x: tensor<4xf32>) -> tensor<4xf32> {
@@ -65,7 +67,7 @@ defmodule EXLA.CompileCacheTest do
   test "a program compiled once is loaded from disk afterwards", %{client: client, dir: dir} do
     assert {exe, :miss} = CompileCache.compile(client, program(1.0), [], true)
     path = entry!(dir)
-    assert Path.basename(path) == CompileCache.key(client, program(1.0), []) <> ".exla"
+    assert Path.basename(path) =~ ~r/^[0-9a-f]{64}\.exla$/
 
     assert {loaded, :hit} = CompileCache.compile(client, program(1.0), [], true)
     assert run(loaded) == run(exe)
@@ -79,6 +81,23 @@ defmodule EXLA.CompileCacheTest do
     assert File.ls!(dir) -- entries(dir) == []
   end
 
+  test "a cached executable is placed by the policy of the VM that loads it", %{client: client} do
+    assert {exe, :miss} = CompileCache.compile(client, program(1.0), [], true)
+    assert exe.run_on == :scheduler
+
+    # The policy changes (as in a new release, or a new configuration):
+    # small programs no longer run on the caller's scheduler.
+    Application.put_env(:exla, :scheduler_max_elements, 0)
+    assert {loaded, :hit} = CompileCache.compile(client, program(1.0), [], true)
+    assert loaded.facts == exe.facts
+    assert loaded.run_on == :dirty
+    assert run(loaded) == run(exe)
+
+    # And so is a deserialized one.
+    Application.delete_env(:exla, :scheduler_max_elements)
+    assert Executable.deserialize(client, Executable.serialize(loaded)).run_on == :scheduler
+  end
+
   test "cache: false and a cache turned off compile without the disk", %{client: client, dir: dir} do
     assert {_, :off} = CompileCache.compile(client, program(1.0), [], false)
     Application.put_env(:exla, :cache_dir, false)
@@ -86,16 +105,20 @@ defmodule EXLA.CompileCacheTest do
     assert File.ls!(dir) == []
   end
 
-  test "the key follows the program and the compile options", %{client: client} do
-    key = CompileCache.key(client, program(1.0), [])
-    assert key == CompileCache.key(client, program(1.0), device_id: 0, num_replicas: 1)
-    assert key =~ ~r/^[0-9a-f]{64}$/
-    refute key == CompileCache.key(client, program(2.0), [])
-    refute key == CompileCache.key(client, program(1.0), num_partitions: 2)
-    refute key == CompileCache.key(client, program(1.0), num_replicas: 2)
+  test "the key follows the program and the compile options", %{client: client, dir: dir} do
+    assert {_, :miss} = CompileCache.compile(client, program(1.0), [], true)
+    assert {_, :hit} = CompileCache.compile(client, program(1.0), [device_id: 0], true)
+    assert {_, :miss} = CompileCache.compile(client, program(2.0), [], true)
 
     other_options = %{client | xla_options: [{"xla_cpu_use_xnnpack", {:bool, true}}]}
-    refute key == CompileCache.key(other_options, program(1.0), [])
+    assert {_, :miss} = CompileCache.compile(other_options, program(1.0), [], true)
+
+    EXLA.TestClients.add(:compile_cache_two_devices, platform: :host, device_count: 2)
+    two = EXLA.Client.fetch!(:compile_cache_two_devices)
+    assert {_, :hit} = CompileCache.compile(two, program(1.0), [], true)
+    assert {_, :miss} = CompileCache.compile(two, program(1.0), [num_replicas: 2], true)
+    assert {_, :miss} = CompileCache.compile(two, program(1.0), [num_partitions: 2], true)
+    assert length(entries(dir)) == 5
   end
 
   # Replaces the entry by `damage.(binary)`, then checks that the next
@@ -125,7 +148,7 @@ defmodule EXLA.CompileCacheTest do
     size = byte_size(binary)
 
     # Every 5th byte of the header, 60 random positions, the checksum's ends.
-    {meta, _blob} = Sealed.open!(binary)
+    {:ok, meta, _blob} = Sealed.open(binary)
     header = 8 + 2 + 4 + byte_size(:erlang.term_to_binary(meta)) + 8
     :rand.seed(:exsss, {3, 1, 4})
 
@@ -148,7 +171,7 @@ defmodule EXLA.CompileCacheTest do
   test "a file damaged at any byte of its header is never run", %{client: client, dir: dir} do
     {_, :miss} = CompileCache.compile(client, program(1.0), [], true)
     binary = File.read!(entry!(dir))
-    {meta, _blob} = Sealed.open!(binary)
+    {:ok, meta, _blob} = Sealed.open(binary)
     header = 8 + 2 + 4 + byte_size(:erlang.term_to_binary(meta)) + 8
 
     for pos <- 0..(header - 1) do
@@ -184,7 +207,7 @@ defmodule EXLA.CompileCacheTest do
           cpu: String.duplicate("0", 64)
         ] do
       reseal = fn bin ->
-        {meta, blob} = Sealed.open!(bin)
+        {:ok, meta, blob} = Sealed.open(bin)
         Sealed.seal(%{meta | target: Map.merge(meta.target, Map.new([change]))}, blob)
       end
 
@@ -197,7 +220,7 @@ defmodule EXLA.CompileCacheTest do
 
     # The same layout under version 2, with a valid checksum.
     old_format = fn bin ->
-      {meta, blob} = Sealed.open!(bin)
+      {:ok, meta, blob} = Sealed.open(bin)
       meta = :erlang.term_to_binary(Map.delete(meta, :target))
       body = ["EXLA_EXE", <<2::16, byte_size(meta)::32>>, meta, <<byte_size(blob)::64>>, blob]
       IO.iodata_to_binary([body, :crypto.hash(:sha256, body)])
@@ -254,31 +277,36 @@ defmodule EXLA.CompileCacheTest do
 
   test "the least recently used programs are evicted past the size cap",
        %{client: client, dir: dir} do
-    key = &CompileCache.key(client, program(&1), [])
-    path = &Path.join(dir, key.(&1) <> ".exla")
+    # The file each program's compilation writes.
+    new_entry = fn c ->
+      before = entries(dir)
+      {_, :miss} = CompileCache.compile(client, program(c), [], true)
+      Enum.map(entries(dir) -- before, &Path.join(dir, &1))
+    end
 
-    {_, :miss} = CompileCache.compile(client, program(1.0), [], true)
-    {_, :miss} = CompileCache.compile(client, program(2.0), [], true)
-    size = File.stat!(path.(1.0)).size
+    [one] = new_entry.(1.0)
+    [two] = new_entry.(2.0)
+    path = %{1.0 => one, 2.0 => two}
+    size = File.stat!(path[1.0]).size
 
     # Program 1 is the oldest, then 2; a hit makes 1 the most recent.
-    File.touch!(path.(1.0), 1_000_000)
-    File.touch!(path.(2.0), 2_000_000)
+    File.touch!(path[1.0], 1_000_000)
+    File.touch!(path[2.0], 2_000_000)
     assert {_, :hit} = CompileCache.compile(client, program(1.0), [], true)
 
     # Room for two: the third evicts 2, the least recently used.
     Application.put_env(:exla, :cache_max_size, 2 * size + div(size, 2))
-    {_, :miss} = CompileCache.compile(client, program(3.0), [], true)
-    assert File.exists?(path.(1.0))
-    refute File.exists?(path.(2.0))
-    assert File.exists?(path.(3.0))
+    [three] = new_entry.(3.0)
+    assert File.exists?(path[1.0])
+    refute File.exists?(path[2.0])
+    assert File.exists?(three)
     assert {_, :miss} = CompileCache.compile(client, program(2.0), [], true)
+    assert File.exists?(path[2.0])
     assert length(entries(dir)) == 2
 
     # A program larger than the whole cap is not written.
     Application.put_env(:exla, :cache_max_size, div(size, 2))
-    {_, :miss} = CompileCache.compile(client, program(4.0), [], true)
-    refute File.exists?(path.(4.0))
+    assert new_entry.(4.0) == []
   end
 
   test "trimming removes temporary files left over by dead writers", %{dir: dir} do
@@ -440,7 +468,7 @@ defmodule EXLA.CompileCacheTest do
         for {peer, i} <- Enum.with_index(peers) do
           # Each writer alternates programs, so every write replaces the file.
           Task.async(fn ->
-            for round <- 1..15, do: compile_in(peer, program(7.0 + rem(round + i, 2)), path)
+            for round <- 1..15, do: compile_in(peer, program_text(7.0 + rem(round + i, 2)), path)
           end)
         end
 

@@ -160,7 +160,7 @@ defmodule EXLA.ExecutableTest do
       Executable.deserialize(client, "garbage")
     end
 
-    {meta, blob} = Sealed.open!(binary)
+    {:ok, meta, blob} = Sealed.open(binary)
 
     # Made for another plugin, device kind or CPU: refused before the
     # plugin sees it.
@@ -217,7 +217,7 @@ defmodule EXLA.ExecutableTest do
 
     # Every byte of the header (magic, version, sizes, metadata), 400 random
     # positions and the checksum's bytes.
-    {meta, _blob} = Sealed.open!(binary)
+    {:ok, meta, _blob} = Sealed.open(binary)
     header = 8 + 2 + 4 + byte_size(:erlang.term_to_binary(meta)) + 8
     :rand.seed(:exsss, {9, 9, 9})
     random = for _ <- 1..400, do: :rand.uniform(byte_size(binary)) - 1
@@ -254,42 +254,51 @@ defmodule EXLA.ExecutableTest do
     assert DeviceBuffer.read(out) == expected
   end
 
-  test "shapes given by the compiler are used as they are", %{client: client} do
+  test "the program of the lowering is compiled with its shapes", %{client: client} do
     fun = fn x, y -> {Nx.add(x, y), Nx.sum(x)} end
-    lowered = EXLA.Defn.Lowering.to_mlir(Nx.Defn.debug_expr(fun).(vec(), vec()), [vec3(), vec3()])
-    assert lowered.input_shapes == [vec3(), vec3()]
-    assert lowered.output_shapes == [vec3(), Shape.make_shape({:f, 32}, {})]
 
-    exe =
-      Executable.compile(client, lowered.mlir_module,
-        input_shapes: lowered.input_shapes,
-        output_shapes: lowered.output_shapes
-      )
+    %{program: program} =
+      EXLA.Defn.Lowering.to_mlir(Nx.Defn.debug_expr(fun).(vec(), vec()), [vec3(), vec3()])
 
-    assert exe.input_shapes == lowered.input_shapes
-    assert exe.output_shapes == lowered.output_shapes
+    assert program.input_shapes == [vec3(), vec3()]
+    assert program.output_shapes == [vec3(), Shape.make_shape({:f, 32}, {})]
+
+    exe = Executable.compile(client, program)
+    assert exe.input_shapes == program.input_shapes
+    assert exe.output_shapes == program.output_shapes
     x = {f32([1.0, 2.0, 3.0]), vec3()}
     [[sum, total]] = Executable.run(exe, [[x, x]])
     assert DeviceBuffer.read(sum) == f32([2.0, 4.0, 6.0])
     assert DeviceBuffer.read(total) == f32([6.0])
 
-    # Without them, the text is read (and checked): the same shapes.
-    read = Executable.compile(client, lowered.mlir_module)
+    # Given as text, it is read (and checked): the same shapes.
+    read = Executable.compile(client, program.text)
     assert {read.input_shapes, read.output_shapes} == {exe.input_shapes, exe.output_shapes}
   end
 
   defp vec, do: Nx.template({3}, :f32)
 
   test "reads parameter shapes from the signature" do
-    text =
-      "func.func public @main(%x: tensor<2x3xbf16> {jax.buffer_donor = true}, %y: tensor<ui8>, %z: tensor<4xcomplex<f64>>) -> ()"
+    shapes = fn signature ->
+      EXLA.MLIR.Check.read!(signature, 2 ** 40).input_shapes
+    end
 
-    assert Executable.main_input_shapes!(text) == [
+    text =
+      "func.func public @main(%x: tensor<2x3xbf16> {jax.buffer_donor = true}, %y: tensor<ui8>, %z: tensor<4xcomplex<f64>>, %p: tensor<i1>) -> ()"
+
+    assert shapes.(text) == [
              Shape.make_shape({:bf, 16}, {2, 3}),
              Shape.make_shape({:u, 8}, {}),
-             Shape.make_shape({:c, 128}, {4})
+             Shape.make_shape({:c, 128}, {4}),
+             Shape.make_shape({:pred, 8}, {})
            ]
 
-    assert Executable.main_input_shapes!("func.func @main() -> ()") == []
+    assert shapes.("func.func @main() -> ()") == []
+
+    assert_raise ArgumentError, ~r/unsupported MLIR element type/, fn ->
+      shapes.("func.func @main(%x: tensor<2xf8E4M3FN>) -> ()")
+    end
+
+    assert_raise ArgumentError, ~r/no @main function/, fn -> shapes.("func.func @f() -> ()") end
   end
 end

@@ -19,7 +19,6 @@ defmodule EXLA.NIFFuzzTest do
   """
 
   @functions [
-    plugin_info: 1,
     client_create: 3,
     client_info: 1,
     plugin_xla_options: 1,

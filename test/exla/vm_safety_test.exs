@@ -231,21 +231,43 @@ defmodule EXLA.VMSafetyTest do
       end
     end
 
-    test "where programs run is decided from the program" do
+    test "where programs run is decided from what the lowering recorded" do
+      tiny = program_of(&Nx.add(&1, &1), [Nx.iota({3}, type: :f32)])
+      large = program_of(&Nx.add(&1, &1), [Nx.iota({100_000}, type: :f32)])
+      loop = program_of(&Loop.spin/2, [Nx.tensor(0.5), Nx.tensor(10)])
+
+      # x + x reads 3 elements twice and writes 3; the parameter is the
+      # largest tensor.
+      assert tiny.facts == %EXLA.MLIR.Facts{largest_tensor: 3, total_elements: 9}
+      assert large.facts.largest_tensor == 100_000
+      assert loop.facts.unbounded == ["stablehlo.while"]
+
+      assert Executable.compile(client(), tiny).run_on == :scheduler
+      assert Executable.compile(client(), large).run_on == :dirty
+      assert Executable.compile(client(), loop).run_on == :thread
+      # Small but declared long by its compiler.
+      assert Executable.compile(client(), tiny, run_on: :thread).run_on == :thread
+    end
+
+    test "where hand-written programs run is decided from their text" do
+      limit = EXLA.Client.max_tensor_bytes(client())
       tiny = mlir_of(&Nx.add(&1, &1), [Nx.iota({3}, type: :f32)])
-      large = mlir_of(&Nx.add(&1, &1), [Nx.iota({100_000}, type: :f32)])
       loop = mlir_of(&Loop.spin/2, [Nx.tensor(0.5), Nx.tensor(10)])
 
-      assert Executable.run_on(tiny) == :scheduler
-      assert Executable.run_on(large) == :dirty
-      assert Executable.run_on(loop) == :thread
-      assert Executable.run_on(String.replace(tiny, "3xf32", "?xf32")) == :dirty
-
-      for op <- ~w(custom_call infeed outfeed send recv all_reduce) do
-        assert Executable.run_on(tiny <> "\n// stablehlo.#{op}\n") == :thread
-      end
-
+      assert EXLA.MLIR.Check.read!(tiny, limit).facts.unbounded == []
+      assert EXLA.MLIR.Check.read!(loop, limit).facts.unbounded == ["stablehlo.while"]
+      assert Executable.compile(client(), tiny).run_on == :scheduler
       assert Executable.compile(client(), loop).run_on == :thread
+
+      # A dynamic dimension tells nothing of the size.
+      dynamic =
+        EXLA.MLIR.Check.read!(
+          String.replace(tiny, "-> tensor<3xf32>\n", "-> tensor<?xf32>\n"),
+          limit
+        )
+
+      assert dynamic.facts.total_elements == :unknown
+      assert EXLA.Placement.run_on(dynamic.facts, 1) == :dirty
     end
 
     # XLA:CPU ran the loop inline on the caller's normal scheduler: a 10 ms
@@ -308,8 +330,6 @@ defmodule EXLA.VMSafetyTest do
         }
       }
       """
-
-      assert Executable.run_on(mlir) == :thread
 
       try do
         Executable.compile(client(), mlir)
@@ -387,6 +407,12 @@ defmodule EXLA.VMSafetyTest do
   end
 
   defp mlir_of(fun, args), do: EXLA.to_mlir_module(fun, args).mlir_module
+
+  defp program_of(fun, args) do
+    expr = apply(Nx.Defn.debug_expr(fun), args)
+    shapes = Enum.map(args, &EXLA.Shape.make_shape(&1.type, &1.shape))
+    EXLA.Defn.Lowering.to_mlir(expr, shapes).program
+  end
 
   defp run_mlir(mlir, args) do
     exe = Executable.compile(client(), mlir)

@@ -9,7 +9,8 @@ defmodule EXLA.CompileCachePeer do
   @doc "Returns the cache's status and the bytes of every output."
   def compile_and_run(mlir, cache) do
     client = EXLA.Client.fetch!(:host)
-    {exe, status} = CompileCache.compile(client, mlir, [], cache)
+    program = EXLA.MLIR.Check.read!(mlir, EXLA.Client.max_tensor_bytes(client))
+    {exe, status} = CompileCache.compile(client, program, [], cache)
     {status, run(exe)}
   end
 

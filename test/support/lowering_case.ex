@@ -21,7 +21,7 @@ defmodule EXLA.LoweringCase do
   end
 
   @doc "The MLIR text of `fun` applied to `args`."
-  def mlir(fun, args, opts \\ []), do: lower(fun, args, opts).mlir_module
+  def mlir(fun, args, opts \\ []), do: lower(fun, args, opts).program.text
 
   @doc "Runs `fun` with the reference evaluator on the binary backend."
   def reference(fun, args) do
@@ -35,9 +35,10 @@ defmodule EXLA.LoweringCase do
   results as binary-backend tensors.
   """
   def run(fun, args, opts \\ []) do
-    %{mlir_module: text, output_shapes: shapes, used_inputs: used} = lower(fun, args, opts)
+    %{program: program, used_inputs: used} = lower(fun, args, opts)
+    shapes = program.output_shapes
     client = EXLA.Client.fetch!(:host)
-    exe = EXLA.Executable.compile(client, text, [])
+    exe = EXLA.Executable.compile(client, program, [])
     flat = args |> flatten() |> List.to_tuple()
 
     # @main takes only the inputs the expression uses

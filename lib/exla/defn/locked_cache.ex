@@ -97,12 +97,12 @@ defmodule EXLA.Defn.LockedCache do
   end
 
   @doc """
-  Counts the bounded entries: `%{pinned: n, evictable: n, evictable_words: n}`
-  (the last is the size of their ETS table).
+  The one path from a program's cache key to the program: with `cache`
+  (the `:cache` option) on, `run/3` under `key` as an entry of `kind`;
+  with `cache: false`, `{:off, value}` computed by `fun` and not stored.
   """
-  def bounded_info do
-    GenServer.call(@name, :bounded_info, :infinity)
-  end
+  def fetch_or_build(false, _key, _kind, fun) when is_function(fun, 0), do: {:off, fun.()}
+  def fetch_or_build(_cache, key, kind, fun), do: run(key, fun, kind)
 
   defp lock(key, fun, kind) do
     case GenServer.call(@name, {:lock, key, kind}, :infinity) do
@@ -188,16 +188,6 @@ defmodule EXLA.Defn.LockedCache do
 
   def handle_call({:unlock, key}, _from, state) do
     {:reply, :ok, release(state, key)}
-  end
-
-  def handle_call(:bounded_info, _from, state) do
-    info = %{
-      pinned: state.pinned,
-      evictable: :ets.info(@table, :size),
-      evictable_words: :ets.info(@table, :memory)
-    }
-
-    {:reply, info, state}
   end
 
   @impl true

@@ -1,7 +1,9 @@
 defmodule EXLA.Defn.Lowering do
   @moduledoc false
 
-  # Lowers an `Nx.Defn.Expr` container to a StableHLO MLIR module (text).
+  # Lowers an `Nx.Defn.Expr` container to a StableHLO MLIR module, returned
+  # as an `EXLA.MLIR.Program` (its text and the facts recorded as it was
+  # emitted).
   #
   # The entry point is `to_mlir/3`. The module has a single public function
   # `@main` that takes the flattened inputs it uses, in order, and returns the
@@ -46,11 +48,10 @@ defmodule EXLA.Defn.Lowering do
   Lowers `output_expr` (any Nx container of expression tensors) whose
   parameters are described by `input_shapes`.
 
-  Returns `%{mlir_module: text, input_shapes: [EXLA.Shape.t()],
-  output_shapes: [EXLA.Shape.t()], used_inputs: [index]}`, where the
-  shapes are those of `@main`'s parameters (the chain included, lazy inputs
-  left out) and results, and `:used_inputs` the inputs the expression
-  reads. `@main`'s parameters are the inputs it reads and the donated
+  Returns `%{program: %EXLA.MLIR.Program{}, used_inputs: [index]}`, where
+  the program's shapes are those of `@main`'s parameters (the chain
+  included, lazy inputs left out) and results, its facts those the
+  builder recorded, and `:used_inputs` the inputs the expression reads. `@main`'s parameters are the inputs it reads and the donated
   ones, in order: an input neither read nor donated is not a parameter, so
   callers never transfer it (nor build it, for a lazy container or a
   template).
@@ -81,6 +82,12 @@ defmodule EXLA.Defn.Lowering do
       output of the same type (see `EXLA.MLIR.Builder.module/5`); lazy
       inputs are not parameters and are not aliased. Defaults to `[]`
 
+    * `:arg_attrs`, `:result_attrs`, `:module_attrs` - attributes written
+      on `@main`'s parameters (one list per input), on its results (one
+      list per output) and on the module (see `EXLA.MLIR.Builder.module/5`),
+      such as the sharding annotations of `EXLA.shard_jit/3`. Default to
+      none
+
   The result's `:chain?` tells whether the module takes a chain.
   """
   def to_mlir(output_expr, input_shapes, opts \\ []) do
@@ -102,7 +109,7 @@ defmodule EXLA.Defn.Lowering do
     assigns = %{state | lazy: lazy}
     donated = donated_parameters(opts[:donate] || [], lazy)
 
-    {text, b} =
+    {program, b} =
       Builder.module(
         "main",
         arg_types,
@@ -118,15 +125,14 @@ defmodule EXLA.Defn.Lowering do
         end,
         assigns,
         donated: donated,
-        kept: &kept_params(&1, lazy, param_count, chain?, donated)
+        kept: &kept_params(&1, lazy, param_count, chain?, donated),
+        arg_attrs: opts[:arg_attrs] || [],
+        result_attrs: opts[:result_attrs] || [],
+        module_attrs: opts[:module_attrs] || []
       )
 
-    {param_types, result_types} = b.signature
-
     %{
-      mlir_module: text,
-      input_shapes: Enum.map(param_types, &EXLA.MLIR.Type.to_shape/1),
-      output_shapes: Enum.map(result_types, &EXLA.MLIR.Type.to_shape/1),
+      program: program,
       used_inputs: used_inputs(b),
       hook_sites: Map.new(b.assigns.hook_sites),
       chain?: chain?
@@ -154,7 +160,10 @@ defmodule EXLA.Defn.Lowering do
         precision: :default,
         lazy_inputs: false,
         max_tensor_bytes: EXLA.Client.address_space_bytes(),
-        donate: []
+        donate: [],
+        arg_attrs: [],
+        result_attrs: [],
+        module_attrs: []
       ])
 
     precision = opts[:precision] || :default

@@ -4,8 +4,8 @@ defmodule EXLA.Defn.Sharded do
   # mesh of the client's devices (see EXLA.Sharding for meshes and
   # shardings).
   #
-  # The expression is lowered as for EXLA.jit/2, the signature of @main is
-  # annotated with each input's sharding and replicated results, and the
+  # The expression is lowered as for EXLA.jit/2, with each parameter of
+  # @main annotated with its input's sharding and replicated results, and the
   # plugin compiles it with one partition per device of the mesh (XLA's
   # SPMD partitioner splits the program and adds the collectives). A call
   # cuts each input on the host into its partitions' parts, places each
@@ -13,8 +13,6 @@ defmodule EXLA.Defn.Sharded do
   # returns the results of the first partition (every partition has them
   # whole), freeing the others.
   @behaviour Nx.Defn.Compiler
-
-  require Logger
 
   alias Nx.Defn.Composite
   alias EXLA.Defn.LockedCache
@@ -54,14 +52,12 @@ defmodule EXLA.Defn.Sharded do
     {shardings, opts} = Keyword.pop(opts, :input_shardings)
     opts = EXLA.Defn.validate_options!(opts)
     build = fn -> build(key, vars, fun, mesh, shardings, opts) end
+    cache_key = {:shard_jit, key, EXLA.Defn.vars_key(vars), mesh, shardings, opts}
 
-    if opts[:cache] do
-      cache_key = {:shard_jit, key, EXLA.Defn.vars_key(vars), mesh, shardings, opts}
-      {_hit_or_miss, compiled} = LockedCache.run(cache_key, build)
-      compiled
-    else
-      build.()
-    end
+    {_hit_miss_or_off, compiled} =
+      LockedCache.fetch_or_build(opts[:cache], cache_key, :permanent, build)
+
+    compiled
   end
 
   defp build(key, vars, fun, mesh, shardings, opts) do
@@ -69,57 +65,53 @@ defmodule EXLA.Defn.Sharded do
     partitions = Sharding.partitions!(mesh, client.device_count)
     inputs = Composite.flatten_list(vars)
     shardings = input_shardings!(shardings, inputs, mesh)
-    {eval_time, expr} = :timer.tc(fn -> fun.(vars) end)
 
-    {compile_time, compiled} =
-      :timer.tc(fn -> compile(client, expr, inputs, mesh, partitions, shardings, opts) end)
-
-    :telemetry.execute(
-      [:exla, :compilation],
-      %{eval_time: eval_time, compile_time: compile_time, total_time: eval_time + compile_time},
-      %{key: key}
-    )
-
-    if opts[:debug] do
-      Logger.debug("EXLA shard_jit compilation #{inspect(key)} in #{div(compile_time, 1000)}ms")
-    end
-
-    compiled
+    # The partitioned program is compiled afresh (it skips the disk cache).
+    EXLA.Defn.compilation(key, vars, fun, opts, fn expr ->
+      {compile(client, expr, inputs, mesh, partitions, shardings, opts), :off}
+    end)
   end
 
   defp compile(client, expr, inputs, mesh, partitions, shardings, opts) do
-    lowered =
+    # Each parameter is annotated with its input's sharding, each result as
+    # replicated (every partition returns the whole results), the module
+    # with its partition count.
+    arg_attrs =
+      Enum.zip_with(inputs, shardings, fn t, sharding ->
+        [{"mhlo.sharding", ~s("#{Sharding.annotation(sharding, tuple_size(t.shape), mesh)}")}]
+      end)
+
+    result_count = length(Composite.flatten_list([expr]))
+
+    %{program: program, used_inputs: params} =
       EXLA.Defn.Lowering.to_mlir(expr, Enum.map(inputs, &EXLA.Defn.to_shape/1),
         precision: opts[:precision],
-        max_tensor_bytes: EXLA.Client.max_tensor_bytes(client)
+        max_tensor_bytes: EXLA.Client.max_tensor_bytes(client),
+        arg_attrs: arg_attrs,
+        result_attrs: List.duplicate([{"mhlo.sharding", ~s("{replicated}")}], result_count),
+        module_attrs: [
+          {"mhlo.num_partitions", "#{partitions} : i32"},
+          {"mhlo.num_replicas", "1 : i32"}
+        ]
       )
 
     # The inputs the program reads are its parameters: without donation,
     # lazy inputs or hooks (none is given above), the lowering keeps exactly
     # those.
-    params = lowered.used_inputs
-
     param_shardings = Enum.map(params, &Enum.at(shardings, &1))
     param_inputs = Enum.map(params, &Enum.at(inputs, &1))
-
-    annotations =
-      Enum.zip_with(param_inputs, param_shardings, fn t, sharding ->
-        Sharding.annotation(sharding, tuple_size(t.shape), mesh)
-      end)
 
     part_shapes =
       Enum.zip_with(param_inputs, param_shardings, fn t, sharding ->
         EXLA.Shape.make_shape(t.type, Sharding.part_dims(t.shape, sharding, mesh))
       end)
 
-    mlir = Sharding.annotate!(lowered.mlir_module, annotations, partitions)
-    exe = Executable.compile(client, mlir, num_partitions: partitions, input_shapes: part_shapes)
-
-    if exe.output_shapes != lowered.output_shapes do
-      raise ArgumentError,
-            "the partitioned program returns #{inspect(exe.output_shapes)} on each device " <>
-              "instead of the whole results #{inspect(lowered.output_shapes)}"
-    end
+    # Each device's results are the whole results (replicated), and its
+    # parameters its parts of the inputs.
+    exe =
+      Executable.compile(client, %{program | input_shapes: part_shapes},
+        num_partitions: partitions
+      )
 
     %__MODULE__{
       exe: exe,

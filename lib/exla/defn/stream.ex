@@ -45,15 +45,13 @@ defmodule EXLA.Defn.Stream do
     opts = EXLA.Defn.validate_options!(opts)
     client = EXLA.Client.fetch!(opts[:client])
     device_id = opts[:device_id]
-    build = fn -> compile(client, device_id, input, vars, fun, opts) end
+    # The function's key is the second element of the cache key (see
+    # EXLA.Defn.stream_cache_key/3).
+    compile = &compile(client, device_id, input, vars, &1, opts)
+    build = fn -> EXLA.Defn.compilation(elem(cache_key, 1), vars, fun, opts, compile) end
 
-    program =
-      if opts[:cache] do
-        {_, program} = LockedCache.run(cache_key, build)
-        program
-      else
-        build.()
-      end
+    {_hit_miss_or_off, program} =
+      LockedCache.fetch_or_build(opts[:cache], cache_key, :permanent, build)
 
     if opts[:debug], do: EXLA.Defn.log_device_wait(device_id, System.monotonic_time(:microsecond))
     {time, stream} = :timer.tc(fn -> run(program, input, args, client, device_id) end)
@@ -69,11 +67,17 @@ defmodule EXLA.Defn.Stream do
     n_in = Composite.count(input)
 
     # Only the state the program takes: arguments it does not use are not
-    # built nor transferred
+    # built nor transferred. They are its parameters, in order, before the
+    # chain.
+    kept =
+      for {arg, i} <- args |> Enum.drop(n_in) |> Enum.with_index(), i in program.state, do: arg
+
     params =
-      for {arg, i} <- args |> Enum.drop(n_in) |> Enum.with_index(),
-          i in program.state,
-          do: to_buffer(arg.(), client, device_id)
+      Enum.zip_with(
+        kept,
+        program.exe.input_shapes,
+        &EXLA.Defn.to_buffer(&1, &2, client, device_id)
+      )
 
     %__MODULE__{
       pid: self(),
@@ -87,25 +91,12 @@ defmodule EXLA.Defn.Stream do
     }
   end
 
-  defp to_buffer(
-         %Nx.Tensor{data: %EXLA.Backend{buffer: %{client_name: name, device_id: id} = buffer}},
-         %{name: name},
-         id
-       ),
-       do: buffer
-
-  defp to_buffer(%Nx.Tensor{} = t, client, device_id) do
-    shape = EXLA.Defn.to_shape(t)
-    EXLA.DeviceBuffer.place_on_device(Nx.to_binary(t), shape, client, device_id)
-  end
-
-  defp to_buffer(number, client, device_id) when is_number(number),
-    do: to_buffer(Nx.tensor(number), client, device_id)
-
   ## Compilation
 
-  defp compile(client, device_id, input, vars, fun, opts) do
-    {output, new_acc} = expr = fun.(vars)
+  # Returns the stream's program and where its executable came from (see
+  # EXLA.CompileCache.compile/4).
+  defp compile(client, device_id, input, vars, expr, opts) do
+    {output, new_acc} = expr
     n_in = Composite.count(input)
     types = vars |> Composite.flatten_list() |> Enum.map(&Lowering.type_of/1)
     {in_types, state_types} = Enum.split(types, n_in)
@@ -142,23 +133,16 @@ defmodule EXLA.Defn.Stream do
     # so the builder the :kept function is given is not needed.
     kept_params = kept ++ [length(state_types)]
 
-    {mlir, b} =
+    {program, b} =
       Builder.module("main", state_types ++ [HostCalls.chain_type()], main, state,
         kept: fn _b -> kept_params end
       )
 
     HostCallback.install!(client)
-    {param_types, result_types} = b.signature
+    compile_opts = [device_id: device_id]
+    {exe, disk_cache} = EXLA.CompileCache.compile(client, program, compile_opts, opts[:cache])
 
-    compile_opts = [
-      device_id: device_id,
-      input_shapes: Enum.map(param_types, &EXLA.MLIR.Type.to_shape/1),
-      output_shapes: Enum.map(result_types, &EXLA.MLIR.Type.to_shape/1)
-    ]
-
-    {exe, _disk_cache} = EXLA.CompileCache.compile(client, mlir, compile_opts, opts[:cache])
-
-    %{
+    stream_program = %{
       exe: exe,
       state: kept_set,
       read_input: MapSet.new(read_input),
@@ -167,6 +151,8 @@ defmodule EXLA.Defn.Stream do
       output: Composite.traverse(output, &Nx.to_template/1),
       acc: Composite.traverse(new_acc, &Nx.to_template/1)
     }
+
+    {stream_program, disk_cache}
   end
 
   # The loop carries the step's parameters (input, then state: the

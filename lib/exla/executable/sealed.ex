@@ -6,7 +6,7 @@ defmodule EXLA.Executable.Sealed do
   # all of it.
   #
   # A plugin loads whatever bytes it is given: a blob with one flipped byte
-  # can load and run native garbage. `open!/1` verifies the checksum before
+  # can load and run native garbage. `open/1` verifies the checksum before
   # anything is decoded, so a blob damaged on disk or on the wire raises
   # instead. The checksum protects against damage, not against someone who
   # rewrites the blob on purpose (they can recompute it).
@@ -24,10 +24,11 @@ defmodule EXLA.Executable.Sealed do
   # The version changes whenever the layout or the metadata's meaning does;
   # other versions are refused. Version 3 records the executable's whole
   # target (see `EXLA.Executable.load/3`) where version 2 had the plugin's
-  # hash alone.
+  # hash alone; version 4 records the program's `EXLA.MLIR.Facts` where
+  # version 3 had the placement decided from them.
 
   @magic "EXLA_EXE"
-  @version 3
+  @version 4
   @checksum_bytes 32
   # magic, version, the two sizes and the checksum.
   @overhead byte_size(@magic) + 2 + 4 + 8 + @checksum_bytes
@@ -50,18 +51,6 @@ defmodule EXLA.Executable.Sealed do
     ]
 
     IO.iodata_to_binary([body, :crypto.hash(:sha256, body)])
-  end
-
-  @doc """
-  Opens a sealed binary: returns `{metadata, blob}` or raises
-  `ArgumentError` when it is not one, is of another version or does not
-  match its checksum.
-  """
-  def open!(sealed) do
-    case open(sealed) do
-      {:ok, metadata, blob} -> {metadata, blob}
-      {:error, _reason, message} -> raise ArgumentError, message
-    end
   end
 
   @doc """

@@ -22,19 +22,20 @@ defmodule EXLA.MLIR.Builder do
   # `end_region/3`, which returns the region text to pass to `op/5`.
   #
   # `assigns` is free for the client (the lowering keeps its state there).
-  # `module/4` records the types of the function's parameters and results
-  # in `signature`.
+  # `facts` are the `EXLA.MLIR.Facts` recorded as each op is emitted: what
+  # `EXLA.Placement` decides where the program runs from. `module/5` returns
+  # the whole program as an `EXLA.MLIR.Program`.
 
-  alias EXLA.MLIR.{Type, Value}
+  alias EXLA.MLIR.{Facts, Program, Type, Value}
 
-  defstruct lines: [], counter: 0, depth: 2, assigns: %{}, signature: nil
+  defstruct lines: [], counter: 0, depth: 2, assigns: %{}, facts: %Facts{}
 
   @type t :: %__MODULE__{
           lines: iodata,
           counter: non_neg_integer,
           depth: pos_integer,
           assigns: map,
-          signature: {[Type.t()], [Type.t()]} | nil
+          facts: Facts.t()
         }
 
   @doc "A new, empty builder."
@@ -67,7 +68,8 @@ defmodule EXLA.MLIR.Builder do
       results_type(result_types)
     ]
 
-    {results, emit(b, text)}
+    facts = Facts.record_op(b.facts, name, Enum.map(operands, & &1.type), result_types)
+    {results, emit(%{b | facts: facts}, text)}
   end
 
   @doc "Like `op/5` for an operation with exactly one result."
@@ -101,9 +103,7 @@ defmodule EXLA.MLIR.Builder do
 
   defp attrs_text([]), do: []
 
-  defp attrs_text(attrs) do
-    [" {", Enum.map_join(attrs, ", ", fn {k, v} -> "#{k} = #{v}" end), "}"]
-  end
+  defp attrs_text(attrs), do: [" {", attrs_list(attrs), "}"]
 
   defp emit(%{lines: lines, depth: depth} = b, text) do
     %{b | lines: [lines, String.duplicate("  ", depth), text, "\n"]}
@@ -161,8 +161,10 @@ defmodule EXLA.MLIR.Builder do
   of types; they are named `%arg0`, ...) whose body is produced by
   `body_fun.(builder, arg_values)`, which returns `{results, builder}`.
 
-  Returns `{text, builder}`; the builder's `signature` is `{arg_types,
-  result_types}` of the function's arguments (those it takes) and results.
+  Returns `{program, builder}`: the `EXLA.MLIR.Program` (its shapes are
+  those of the arguments the function takes and of its results; its facts
+  those recorded while emitting the body, and the parameters) and the
+  builder after the body.
 
   Options:
 
@@ -175,9 +177,26 @@ defmodule EXLA.MLIR.Builder do
       the positions of the arguments the function takes: the others are
       left out of its signature (the body must not use them). Defaults to
       all of them
+
+    * `:arg_attrs` - one list of `{name, text}` attributes per argument
+      (by position in `args`), written on the parameters the function
+      takes, after the alias. Defaults to none
+
+    * `:result_attrs` - one list of `{name, text}` attributes per result.
+      Defaults to none
+
+    * `:module_attrs` - a list of `{name, text}` attributes of the module
+      (`module attributes {...}`). Defaults to none
   """
   def module(name, arg_types, body_fun, assigns \\ %{}, opts \\ []) do
-    opts = Keyword.validate!(opts, donated: [], kept: nil)
+    opts =
+      Keyword.validate!(opts,
+        donated: [],
+        kept: nil,
+        arg_attrs: [],
+        result_attrs: [],
+        module_attrs: []
+      )
 
     args =
       arg_types
@@ -186,21 +205,30 @@ defmodule EXLA.MLIR.Builder do
 
     {results, b} = body_fun.(%{new() | assigns: assigns}, args)
     b = terminator(b, "func.return", results)
-    aliases = aliases(arg_types, Enum.map(results, & &1.type), opts[:donated])
+    result_types = Enum.map(results, & &1.type)
+    aliases = aliases(arg_types, result_types, opts[:donated])
     kept = if opts[:kept], do: opts[:kept].(b), else: Enum.to_list(0..(length(args) - 1)//1)
     args = List.to_tuple(args)
+    arg_attrs = List.to_tuple(opts[:arg_attrs])
 
     args_text =
       Enum.map_join(kept, ", ", fn i ->
         arg = elem(args, i)
-        "#{arg.name}: #{Type.to_string(arg.type)}#{alias_attribute(aliases[i])}"
+        alias = if result = aliases[i], do: [{"tf.aliasing_output", "#{result} : i32"}], else: []
+        attrs = if i < tuple_size(arg_attrs), do: alias ++ elem(arg_attrs, i), else: alias
+        "#{arg.name}: #{Type.to_string(arg.type)}#{signature_attrs(attrs)}"
       end)
 
-    results_text = Enum.map_join(results, ", ", &Type.to_string(&1.type))
+    results_text =
+      results
+      |> Enum.with_index()
+      |> Enum.map_join(", ", fn {result, i} ->
+        Type.to_string(result.type) <> signature_attrs(Enum.at(opts[:result_attrs], i, []))
+      end)
 
     text =
       IO.iodata_to_binary([
-        "module {\n",
+        module_header(opts[:module_attrs]),
         "  func.func public @#{name}(#{args_text}) -> (#{results_text}) {\n",
         b.lines,
         "  }\n",
@@ -208,8 +236,32 @@ defmodule EXLA.MLIR.Builder do
       ])
 
     kept_types = Enum.map(kept, &elem(args, &1).type)
-    {text, %{b | signature: {kept_types, Enum.map(results, & &1.type)}}}
+    positions = kept |> Enum.with_index() |> Map.new()
+
+    program = %Program{
+      text: text,
+      input_shapes: Enum.map(kept_types, &Type.to_shape/1),
+      output_shapes: Enum.map(result_types, &Type.to_shape/1),
+      donated:
+        for(
+          {i, result} <- aliases,
+          Map.has_key?(positions, i),
+          into: %{},
+          do: {positions[i], result}
+        ),
+      facts: Enum.reduce(kept_types, b.facts, &Facts.record_tensor(&2, &1))
+    }
+
+    {program, b}
   end
+
+  defp module_header([]), do: "module {\n"
+  defp module_header(attrs), do: ["module attributes {", attrs_list(attrs), "} {\n"]
+
+  defp signature_attrs([]), do: ""
+  defp signature_attrs(attrs), do: " {" <> attrs_list(attrs) <> "}"
+
+  defp attrs_list(attrs), do: Enum.map_join(attrs, ", ", fn {k, v} -> "#{k} = #{v}" end)
 
   # %{argument position => result position}
   defp aliases(_arg_types, _result_types, []), do: %{}
@@ -231,9 +283,6 @@ defmodule EXLA.MLIR.Builder do
     end)
     |> elem(0)
   end
-
-  defp alias_attribute(nil), do: ""
-  defp alias_attribute(result), do: " {tf.aliasing_output = #{result} : i32}"
 
   ## Attribute helpers
 

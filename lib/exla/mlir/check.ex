@@ -25,7 +25,13 @@ defmodule EXLA.MLIR.Check do
   # `EXLA.Defn.Lowering` checks the size of every expression it lowers, and
   # the lengths of its FFTs, with `tensor_size!/3` and `fft_length!/1`, and
   # emits neither feeds nor calls. Hand-written programs given to
-  # `EXLA.Executable.compile/3` are read with `module!/2`.
+  # `EXLA.Executable.compile/3` are read with `read!/2`, which checks them
+  # and returns them as an `EXLA.MLIR.Program`.
+  #
+  # This is the only module that reads MLIR text: EXLA's own programs carry
+  # what is known about them as data (`EXLA.MLIR.Program`).
+
+  alias EXLA.MLIR.{Facts, Program, Type}
 
   # The longest FFT a program may compute.
   @max_fft_length 2 ** 28
@@ -61,15 +67,29 @@ defmodule EXLA.MLIR.Check do
   end
 
   @doc """
-  Checks a hand-written MLIR module: the sizes of its tensor types against
-  `max_tensor_bytes`, its FFT lengths, its operations and its call graph.
+  Reads a hand-written MLIR module into an `EXLA.MLIR.Program`, checking
+  the sizes of its tensor types against `max_tensor_bytes`, its FFT
+  lengths, its operations and its call graph.
+
+  The program's input shapes are those of `@main`'s parameters; its output
+  shapes are left to the plugin (`nil`). Its facts come from the text: the
+  unbounded ops it names, and the elements of the tensor types it writes
+  (each mention counts, as the text does not tell values apart; a dynamic
+  dimension makes them `:unknown`).
   """
-  def module!(text, max_tensor_bytes) do
+  def read!(text, max_tensor_bytes) when is_binary(text) do
     refuse_channels!(text)
     refuse_recursion!(text)
-    check_tensor_types!(text, max_tensor_bytes)
+    tensors = tensor_types(text)
+    check_tensor_sizes!(text, tensors, max_tensor_bytes)
     check_fft_lengths!(text)
-    :ok
+
+    %Program{
+      text: text,
+      input_shapes: main_input_shapes!(text),
+      output_shapes: nil,
+      facts: facts(text, tensors)
+    }
   end
 
   ## Channels
@@ -164,17 +184,22 @@ defmodule EXLA.MLIR.Check do
 
   @tensor ~r/tensor<((?:(?:[0-9]+|\?)x)*)(complex<\w+>|\w+)/
 
-  defp check_tensor_types!(text, limit) do
+  # `{at, element, dims}` of every tensor type written in the text; `dims`
+  # is `:unknown` when one is dynamic.
+  defp tensor_types(text) do
     Regex.scan(@tensor, text, return: :index)
-    |> Enum.each(fn [{at, _}, dims, element] ->
+    |> Enum.map(fn [{at, _}, dims, element] ->
       dims = dims |> slice(text) |> String.split("x", trim: true)
-
-      unless "?" in dims do
-        dims = dims |> Enum.map(&String.to_integer/1) |> List.to_tuple()
-        bytes = element_bytes_of(slice(element, text)) * Tuple.product(dims)
-        if bytes > limit, do: raise_tensor_size!(text, at, bytes, limit)
-      end
+      dims = if "?" in dims, do: :unknown, else: Enum.map(dims, &String.to_integer/1)
+      {at, slice(element, text), dims}
     end)
+  end
+
+  defp check_tensor_sizes!(text, tensors, limit) do
+    for {at, element, dims} <- tensors, dims != :unknown do
+      bytes = element_bytes_of(element) * Enum.product(dims)
+      if bytes > limit, do: raise_tensor_size!(text, at, bytes, limit)
+    end
   end
 
   defp slice({at, len}, text), do: binary_part(text, at, len)
@@ -226,14 +251,90 @@ defmodule EXLA.MLIR.Check do
     end)
   end
 
+  ## Facts
+
+  @unbounded_op Regex.compile!(
+                  "\\b(?:stablehlo|mhlo|chlo)\\.(?:#{Enum.join(Facts.unbounded_ops(), "|")})\\b"
+                )
+
+  defp facts(text, tensors) do
+    unbounded = @unbounded_op |> Regex.scan(text) |> List.flatten() |> Enum.uniq()
+    sizes = for {_at, _element, dims} <- tensors, do: elements(dims)
+    unknown? = :unknown in sizes
+
+    %Facts{
+      unbounded: unbounded,
+      largest_tensor: if(unknown?, do: :unknown, else: Enum.max(sizes, fn -> 0 end)),
+      total_elements: if(unknown?, do: :unknown, else: Enum.sum(sizes))
+    }
+  end
+
+  defp elements(:unknown), do: :unknown
+  defp elements(dims), do: Enum.product(dims)
+
+  ## Signature
+
+  # The parameter shapes of `@main`, from its signature.
+  defp main_input_shapes!(text) do
+    case :binary.match(text, "@main(") do
+      {start, len} ->
+        rest = binary_part(text, start + len, byte_size(text) - start - len)
+        rest |> signature_arguments() |> Enum.map(&argument_shape!/1)
+
+      :nomatch ->
+        raise ArgumentError, "the MLIR module has no @main function"
+    end
+  end
+
+  # Splits the text up to the closing parenthesis on top-level commas.
+  defp signature_arguments(text), do: split_arguments(text, 0, "", [])
+
+  defp split_arguments(<<")", _::binary>>, 0, current, acc),
+    do: Enum.reverse(add_argument(current, acc))
+
+  defp split_arguments(<<",", rest::binary>>, 0, current, acc),
+    do: split_arguments(rest, 0, "", add_argument(current, acc))
+
+  defp split_arguments(<<c, rest::binary>>, depth, current, acc) when c in [?<, ?{, ?(, ?[],
+    do: split_arguments(rest, depth + 1, <<current::binary, c>>, acc)
+
+  defp split_arguments(<<c, rest::binary>>, depth, current, acc) when c in [?>, ?}, ?), ?]],
+    do: split_arguments(rest, depth - 1, <<current::binary, c>>, acc)
+
+  defp split_arguments(<<c, rest::binary>>, depth, current, acc),
+    do: split_arguments(rest, depth, <<current::binary, c>>, acc)
+
+  defp split_arguments(<<>>, _depth, _current, _acc),
+    do: raise(ArgumentError, "could not read the signature of @main")
+
+  defp add_argument(current, acc) do
+    case String.trim(current) do
+      "" -> acc
+      argument -> [argument | acc]
+    end
+  end
+
+  defp argument_shape!(argument) do
+    with [_, dims, element] <- Regex.run(~r/:\s*tensor<((?:\d+x)*)(\w+|complex<\w+>)>/, argument),
+         {:ok, element} <- Type.parse_element(element) do
+      dims = dims |> String.split("x", trim: true) |> Enum.map(&String.to_integer/1)
+      Type.to_shape({element, List.to_tuple(dims)})
+    else
+      :error ->
+        raise ArgumentError, "unsupported MLIR element type in @main parameter: #{argument}"
+
+      nil ->
+        raise ArgumentError, "unsupported @main parameter: #{argument}"
+    end
+  end
+
   ## Messages
 
   @units ~w(KiB MiB GiB TiB PiB EiB ZiB YiB)
 
-  @doc false
   # "1.5 GiB (1610612736 bytes)"
-  def format_bytes(bytes) when bytes < 1024, do: "#{bytes} bytes"
-  def format_bytes(bytes), do: format_bytes(bytes / 1024, @units, bytes)
+  defp format_bytes(bytes) when bytes < 1024, do: "#{bytes} bytes"
+  defp format_bytes(bytes), do: format_bytes(bytes / 1024, @units, bytes)
 
   defp format_bytes(value, [_ | [_ | _] = units], bytes) when value >= 1024,
     do: format_bytes(value / 1024, units, bytes)

@@ -18,16 +18,36 @@ defmodule EXLA.MLIR.Type do
     end
   end
 
+  # The one table of MLIR element types: rendered by `element/1`, read
+  # back by `parse_element/1`.
+  @elements [{:pred, "i1"}, {{:f, 8}, "f8E5M2"}, {{:bf, 16}, "bf16"}] ++
+              for(size <- [16, 32, 64], do: {{:f, size}, "f#{size}"}) ++
+              for(size <- [8, 16, 32, 64], do: {{:s, size}, "i#{size}"}) ++
+              for(size <- [8, 16, 32, 64], do: {{:u, size}, "ui#{size}"}) ++
+              [{{:c, 64}, "complex<f32>"}, {{:c, 128}, "complex<f64>"}]
+
   @doc "Renders an element type, e.g. `f32`, `ui8`, `complex<f64>`, `i1`."
   @spec element(element) :: String.t()
-  def element(:pred), do: "i1"
-  def element({:f, 8}), do: "f8E5M2"
-  def element({:f, size}), do: "f#{size}"
-  def element({:bf, 16}), do: "bf16"
-  def element({:s, size}), do: "i#{size}"
-  def element({:u, size}), do: "ui#{size}"
-  def element({:c, 64}), do: "complex<f32>"
-  def element({:c, 128}), do: "complex<f64>"
+  for {element, text} <- @elements do
+    def element(unquote(Macro.escape(element))), do: unquote(text)
+  end
+
+  @doc """
+  The element type written `text` in MLIR, or `:error`.
+
+      iex> EXLA.MLIR.Type.parse_element("complex<f32>")
+      {:ok, {:c, 64}}
+      iex> EXLA.MLIR.Type.parse_element("i1")
+      {:ok, :pred}
+      iex> EXLA.MLIR.Type.parse_element("f8E4M3FN")
+      :error
+  """
+  @spec parse_element(String.t()) :: {:ok, element} | :error
+  for {element, text} <- @elements do
+    def parse_element(unquote(text)), do: {:ok, unquote(Macro.escape(element))}
+  end
+
+  def parse_element(_text), do: :error
 
   @doc """
   The `EXLA.Shape` of a value of `type` at a program's boundary.

@@ -24,7 +24,7 @@ defmodule EXLA.Plugin.Fingerprint do
   @doc "The SHA-256 (lowercase hex) of the plugin file at `path`."
   def get(path) do
     path = Path.expand(path)
-    EXLA.Client.cached({__MODULE__, path}, fn -> compute(path, EXLA.Plugin.cache_dir()) end)
+    EXLA.Memo.get({__MODULE__, path}, fn -> compute(path, EXLA.Plugin.cache_dir()) end)
   end
 
   @doc """

@@ -68,9 +68,6 @@ mod atoms {
     rustler::atoms! { ok, already_deallocated, busy }
 }
 
-/// Largest read done on a normal scheduler: a memcpy well under a millisecond.
-const NORMAL_READ_LIMIT: usize = 1 << 20;
-
 pub fn shape(type_code: i32, dims: Vec<i64>) -> NifResult<pjrt::Shape> {
     Ok(pjrt::Shape::new(
         pjrt::ElementType::from_code(type_code)?,
@@ -128,8 +125,9 @@ fn new_binary(size: usize) -> NifResult<OwnedBinary> {
         .ok_or_else(|| Error::argument(format!("could not allocate {size} bytes")))
 }
 
-/// Reads without blocking: returns `nil` when the data is not ready, not in
-/// host memory, or too large to copy on a normal scheduler.
+/// Reads without blocking: returns `nil` when the data is not ready or not
+/// in host memory. Runs on a normal scheduler: EXLA calls it only for reads
+/// small enough to copy there (see `EXLA.Placement`).
 #[rustler::nif]
 fn buffer_read<'a>(
     env: Env<'a>,
@@ -137,10 +135,6 @@ fn buffer_read<'a>(
     limit: i64,
 ) -> NifResult<Option<Binary<'a>>> {
     let size = read_size(&buffer.handle, limit)?;
-    if size > NORMAL_READ_LIMIT {
-        buffer.handle.ensure_live()?;
-        return Ok(None);
-    }
     let mut out = new_binary(size)?;
     if buffer
         .handle

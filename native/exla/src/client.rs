@@ -57,13 +57,6 @@ pub enum OptionValue {
 }
 
 #[derive(NifMap)]
-pub struct PluginInfo {
-    api_major: i32,
-    api_minor: i32,
-    path: String,
-}
-
-#[derive(NifMap)]
 pub struct DeviceInfo {
     id: i32,
     kind: String,
@@ -108,16 +101,6 @@ fn plugin_load(path: String) -> NifResult<ResourceArc<PluginResource>> {
         "loaded a PJRT plugin"
     );
     Ok(ResourceArc::new(PluginResource { handle: plugin }))
-}
-
-#[rustler::nif]
-fn plugin_info(plugin: ResourceArc<PluginResource>) -> PluginInfo {
-    let (api_major, api_minor) = plugin.handle.api_version();
-    PluginInfo {
-        api_major,
-        api_minor,
-        path: plugin.handle.path().display().to_string(),
-    }
 }
 
 /// Creates a client with the plugin's create options `options`; the XLA

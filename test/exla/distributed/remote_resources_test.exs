@@ -170,8 +170,8 @@ defmodule EXLA.Distributed.RemoteResourcesTest do
       {"EXLA.Executable.serialize of a remote executable",
        &(&1.exe
          |> Executable.serialize()
-         |> Executable.Sealed.open!()
-         |> elem(0)
+         |> Executable.Sealed.open()
+         |> elem(1)
          |> Map.delete(:plugin))}
     ]
   end

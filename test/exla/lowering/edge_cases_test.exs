@@ -48,7 +48,7 @@ defmodule EXLA.Lowering.EdgeCasesTest do
   end
 
   test "no outputs" do
-    %{mlir_module: text, output_shapes: []} = lower(fn _x -> {} end, [Nx.tensor(1)])
+    %{program: %{text: text, output_shapes: []}} = lower(fn _x -> {} end, [Nx.tensor(1)])
     assert run(fn _x -> {} end, [Nx.tensor(1)]) == []
     assert text =~ "-> ()"
   end

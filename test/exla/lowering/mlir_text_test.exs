@@ -7,7 +7,7 @@ defmodule EXLA.Lowering.MLIRTextTest do
   @v Nx.tensor([1, 2, 3])
 
   test "main takes the inputs it uses in order and returns a multi-result function" do
-    %{mlir_module: text, output_shapes: shapes, used_inputs: used} =
+    %{program: %{text: text, output_shapes: shapes}, used_inputs: used} =
       lower(fn a, _b, c -> {Nx.add(a, 1), Nx.multiply(c, 2)} end, [@x, @v, @v])
 
     assert text =~
@@ -24,7 +24,8 @@ defmodule EXLA.Lowering.MLIRTextTest do
   end
 
   test "containers are flattened in Composite order" do
-    %{output_shapes: shapes} = lower(fn a, b -> %{z: a, a: {b, Nx.sum(a)}} end, [@x, @v])
+    %{program: %{output_shapes: shapes}} =
+      lower(fn a, b -> %{z: a, a: {b, Nx.sum(a)}} end, [@x, @v])
 
     assert Enum.map(shapes, & &1.dims) == [{3}, {}, {2, 3}]
   end
@@ -157,7 +158,7 @@ defmodule EXLA.Lowering.MLIRTextTest do
 
   test "hooks compile and their value is still computed" do
     fun = fn a -> a |> Nx.exp() |> Nx.Defn.Kernel.hook(:exp, &IO.inspect/1) |> Nx.add(1) end
-    %{mlir_module: text} = lower(fun, [@x])
+    %{program: %{text: text}} = lower(fun, [@x])
     assert text =~ "stablehlo.exponential"
   end
 
@@ -175,7 +176,7 @@ defmodule EXLA.Lowering.MLIRTextTest do
   test "to_mlir accepts exprs built by hand" do
     param = Nx.Defn.Expr.parameter(nil, {:f, 32}, {3}, 0)
 
-    %{mlir_module: text, used_inputs: [0]} =
+    %{program: %{text: text}, used_inputs: [0]} =
       Lowering.to_mlir(Nx.negate(param), [EXLA.Shape.make_shape({:f, 32}, {3})], [])
 
     assert text =~ "stablehlo.negate"
