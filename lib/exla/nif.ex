@@ -42,6 +42,7 @@ defmodule EXLA.NIF do
 
   def plugin_load(_path), do: nif_error()
   def plugin_info(_plugin), do: nif_error()
+  def library_load_global(_library), do: nif_error()
   def client_create(_plugin, _options, _xla_options), do: nif_error()
   def client_info(_client), do: nif_error()
   def host_heap_keep_freed_memory, do: nif_error()

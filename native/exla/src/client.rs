@@ -102,6 +102,22 @@ fn plugin_load(path: String) -> NifResult<ResourceArc<PluginResource>> {
     Ok(ResourceArc::new(PluginResource(plugin)))
 }
 
+/// Loads a library a plugin needs (a path, or a name the dynamic loader
+/// searches for) with its symbols global: `{:ok, :ok}` or `{:error, reason}`.
+/// Which libraries, and in what order, is decided in Elixir.
+#[rustler::nif(schedule = "DirtyIo")]
+fn library_load_global(library: String) -> Result<rustler::Atom, String> {
+    let started = Instant::now();
+    pjrt::load_library_global(&library)?;
+    tracing::debug!(
+        target: "exla::plugin",
+        library,
+        duration_ms = millis(started),
+        "loaded a library for a plugin"
+    );
+    Ok(rustler::types::atom::ok())
+}
+
 #[rustler::nif]
 fn plugin_info(plugin: ResourceArc<PluginResource>) -> PluginInfo {
     let (api_major, api_minor) = plugin.0.api_version();
