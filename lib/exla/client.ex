@@ -255,7 +255,10 @@ defmodule EXLA.Client do
               "#{inspect(preferred)} runs on a supported platform " <>
               "(supported: #{inspect(Map.keys(supported))}). The configured EXLA clients " <>
               "are: #{inspect(clients)}. The :host platform needs the CPU plugin, which " <>
-              "EXLA installs with python3 and pip; see EXLA.Plugin to provide it yourself"
+              "EXLA installs with python3 and pip, or which you point " <>
+              "EXLA_PJRT_PLUGIN_HOST at; a GPU needs its plugin (for CUDA: " <>
+              ~s|`pip install "jax[cuda13]"`, or point EXLA_PJRT_PLUGIN_CUDA at it). | <>
+              "See EXLA.Plugin"
   end
 
   @doc false
