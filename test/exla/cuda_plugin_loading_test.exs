@@ -17,13 +17,18 @@ defmodule EXLA.CudaPluginLoadingTest do
   @plugin "jax_plugins/xla_cuda13/xla_cuda_plugin.so"
   @site "lib/python3.12/site-packages"
 
-  # cc builds the NIF's C++ shim too; /proc/self/maps shows what was loaded.
-  if :os.type() != {:unix, :linux}, do: @moduletag(skip: "needs Linux")
+  # /proc/self/maps shows what was loaded; cc builds the fake libraries (a
+  # bundle run on a host without a compiler skips these tests).
+  cond do
+    :os.type() != {:unix, :linux} -> @moduletag skip: "needs Linux"
+    System.find_executable("cc") == nil -> @moduletag skip: "needs cc"
+    true -> :ok
+  end
 
   setup_all do
     root = Path.join(System.tmp_dir!(), "exla-fake-cuda-#{System.unique_integer([:positive])}")
     on_exit(fn -> File.rm_rf!(root) end)
-    build_layout!(System.find_executable("cc") || raise("cc is needed"), root)
+    build_layout!(System.find_executable("cc"), root)
     {:ok, root: root}
   end
 
