@@ -43,13 +43,29 @@ defmodule EXLA.Platform do
   def plugin_glob(:tpu), do: "libtpu/libtpu.so"
 
   @doc """
-  How a plugin found with `plugin_glob/1` ranks: a larger version first
-  (`xla_cuda13` before `xla_cuda12`). Plugins without one rank last.
+  How a plugin found with `plugin_glob/1` ranks: the newer version first
+  (`xla_cuda13` before `xla_cuda12`, `xla_rocm7` before `xla_rocm60`, whose
+  first digit is ROCm's major version). Plugins without one rank last.
   """
-  def plugin_version(path) do
-    case Regex.run(~r{/xla_(?:cuda|rocm)(\d+)/[^/]+$}, path) do
+  def plugin_rank(path) do
+    cond do
+      major = cuda_major(path) -> {major, 0}
+      match = Regex.run(~r{/xla_rocm(\d)(\d*)/[^/]+$}, path) -> rocm_rank(match)
+      true -> {0, 0}
+    end
+  end
+
+  defp rocm_rank([_, major, ""]), do: {String.to_integer(major), 0}
+  defp rocm_rank([_, major, minor]), do: {String.to_integer(major), String.to_integer(minor)}
+
+  @doc """
+  The CUDA major version of a plugin installed by pip
+  (`.../xla_cuda13/xla_cuda_plugin.so`), or nil.
+  """
+  def cuda_major(path) do
+    case Regex.run(~r{/xla_cuda(\d+)/[^/]+$}, path) do
       [_, digits] -> String.to_integer(digits)
-      nil -> 0
+      nil -> nil
     end
   end
 
@@ -156,5 +172,5 @@ defmodule EXLA.Platform do
     ]
   end
 
-  def cuda_libraries(_major), do: []
+  def cuda_libraries(_other), do: []
 end

@@ -370,7 +370,7 @@ defmodule EXLA.Plugin do
     |> Enum.flat_map(&Path.wildcard(Path.join(&1, Platform.plugin_glob(platform))))
     |> Enum.filter(&File.regular?/1)
     # Stable: among plugins of one version, the first environment's wins.
-    |> Enum.sort_by(&Platform.plugin_version/1, :desc)
+    |> Enum.sort_by(&Platform.plugin_rank/1, :desc)
   end
 
   defp seen([]), do: "none were found"

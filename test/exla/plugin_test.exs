@@ -150,10 +150,12 @@ defmodule EXLA.PluginTest do
     test "find the CUDA and ROCm plugins of the packages Python reports", %{tmp_dir: dir} do
       site = Path.join(dir, "site")
 
-      for file <-
-            ~w(jax_plugins/xla_cuda12/xla_cuda_plugin.so jax_plugins/xla_cuda13/xla_cuda_plugin.so
-                     jax_plugins/xla_rocm60/xla_rocm_plugin.so jax_plugins/xla_cuda12/__init__.py
-                     libtpu/libtpu.so) do
+      files =
+        ~w(jax_plugins/xla_cuda12/xla_cuda_plugin.so jax_plugins/xla_cuda13/xla_cuda_plugin.so
+                 jax_plugins/xla_rocm60/xla_rocm_plugin.so jax_plugins/xla_rocm7/xla_rocm_plugin.so
+                 jax_plugins/xla_cuda12/__init__.py libtpu/libtpu.so)
+
+      for file <- files do
         touch(Path.join(site, file))
       end
 
@@ -168,7 +170,7 @@ defmodule EXLA.PluginTest do
                  {:ok, Path.join(site, "jax_plugins/xla_cuda13/xla_cuda_plugin.so")}
 
         assert Plugin.find(:rocm, python: python) ==
-                 {:ok, Path.join(site, "jax_plugins/xla_rocm60/xla_rocm_plugin.so")}
+                 {:ok, Path.join(site, "jax_plugins/xla_rocm7/xla_rocm_plugin.so")}
 
         with_env("TPU_LIBRARY_PATH", nil, fn ->
           assert Plugin.find(:tpu, python: python) ==

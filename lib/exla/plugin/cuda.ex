@@ -22,7 +22,7 @@ defmodule EXLA.Plugin.Cuda do
   def libraries(plugin, site_dirs) do
     sites = Enum.uniq(List.wrap(site_dir(plugin)) ++ site_dirs)
 
-    for {folder, file, required?} <- Platform.cuda_libraries(Platform.plugin_version(plugin)) do
+    for {folder, file, required?} <- Platform.cuda_libraries(Platform.cuda_major(plugin)) do
       paths = Enum.map(sites, &Path.join([&1, "nvidia", folder, "lib", file]))
       {file, required?, Enum.find(paths, :system, &File.regular?/1)}
     end
@@ -94,10 +94,7 @@ defmodule EXLA.Plugin.Cuda do
   end
 
   defp cuda_version(plugin) do
-    case Platform.plugin_version(plugin) do
-      0 -> "12 or 13"
-      major -> major
-    end
+    Platform.cuda_major(plugin) || "12 or 13"
   end
 
   # The site-packages folder of a plugin installed by pip
