@@ -138,7 +138,7 @@ defmodule EXLA do
   is not yet compiled, one of them compiles it while the others wait for it
   and reuse its result. `cached?/3` tells whether a call would be served from
   the cache. Calls served from the cache neither evaluate nor lower the
-  expression; see `EXLA.Defn` for what such a call does.
+  expression: they move the arguments to the device and run the program.
 
   Compiled programs are also kept on disk, in `EXLA.CompileCache`, so that
   a new VM loads them instead of compiling them again (it still evaluates
@@ -314,7 +314,7 @@ defmodule EXLA do
   chunks; each `Nx.Stream.send/2` (from any process) produces one output
   for `Nx.Stream.recv/1`, and `Nx.Stream.done/1` ends the stream and
   returns the last accumulator. Only the process that started the stream
-  may call `recv` and `done`. `EXLA.Defn.Stream` has the details.
+  may call `recv` and `done`.
 
       defn tenfold(chunk, count), do: {chunk * 10, count + 1}
 
@@ -327,6 +327,33 @@ defmodule EXLA do
       #=> 70
       Nx.to_number(Nx.Stream.done(stream))
       #=> 2
+
+  ## Errors
+
+    * `Nx.Stream.send/2` of data that does not match the stream's input
+      (type, shape, names, as `Nx.compatible?/2`) raises `ArgumentError`;
+      the stream goes on. Data may be any `Nx.LazyContainer`; other data (a
+      list, an atom, a string) raises the same way.
+
+    * `Nx.Stream.done/1` while outputs are not received yet raises
+      `RuntimeError` ("cannot mark stream as done when there are recv
+      messages pending") and changes nothing: receive them, then call
+      `Nx.Stream.done/1` again.
+
+    * `Nx.Stream.recv/1` on a stream that has ended (done, or failed)
+      raises `RuntimeError` ("cannot recv from stream because it has been
+      terminated"); so do `Nx.Stream.done/1` and `Nx.Stream.send/2`, with
+      their own messages.
+
+    * When the program fails (which checked input cannot make happen), the
+      next `Nx.Stream.recv/1` raises the failure (so does
+      `Nx.Stream.done/1` when no output is pending).
+
+    * `Nx.Stream.recv/1` and `Nx.Stream.done/1` from another process raise
+      `RuntimeError`.
+
+    * If the starting process dies, the native side closes the session and
+      the program ends. In every case the client stays usable.
   """
   def stream(function, args, options \\ [])
       when is_function(function) and is_list(args) and is_list(options) do

@@ -68,7 +68,7 @@ defmodule EXLA.Backend do
   for large inputs. Optional operations whose implementation is Nx's default
   expression (`Nx.LinAlg.eigh/2`, `Nx.LinAlg.svd/2`, cumulative ops, ...)
   run that expression, as jit does; `Nx.LinAlg.qr/2` and `Nx.LinAlg.lu/2`
-  run EXLA's own lowerings in both modes (see `EXLA.Defn.Lowering`).
+  run EXLA's own lowerings in both modes.
 
   Floats are computed in their own precision, as XLA computes them, so
   results may differ from `Nx.BinaryBackend`'s (which works with f64 and

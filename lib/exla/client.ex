@@ -331,7 +331,7 @@ defmodule EXLA.Client do
 
   @doc """
   The most bytes one tensor may take on `client`; programs with a larger
-  tensor are refused before they are compiled (see `EXLA.MLIR.Check`).
+  tensor are refused before they are compiled.
 
   For `:host` clients it is the host's physical memory (where the operating
   system reports it: Linux's `/proc/meminfo`); for other clients, whose

@@ -1,42 +1,42 @@
 defmodule EXLA.Defn do
-  @moduledoc """
-  The `Nx.Defn.Compiler` implementation behind `EXLA` (internal).
+  @moduledoc false
 
-  ## Compilation
-
-  On a cache miss, the defn function is evaluated with `Nx.Defn.Expr`
-  parameters (the *evaluation*), the expression is lowered to a StableHLO
-  module by `EXLA.Defn.Lowering` and compiled by the PJRT plugin (the
-  *compilation*). The result is an `EXLA.Defn.Compiled` struct holding the
-  executable, the shapes of the inputs, the output templates and a function
-  that turns the output buffers into the result container. Compilation emits
-  the `[:exla, :compilation]` telemetry event.
-
-  The cache key is the function's key (given by `Nx.Defn`), the type, shape,
-  names and vectorized axes of every argument, and the options (which
-  include the client and device). Caches are `EXLA.Defn.LockedCache`:
-  concurrent callers of the same key wait for one compilation.
-
-  ## Per-call path
-
-  A cached call does, in order:
-
-    1. builds the cache key from the argument templates (a short list of
-       `{type, shape, names, vectorized_axes}` tuples);
-    2. looks the key up in `:persistent_term` (no copy, no message);
-    3. for each argument the program uses, takes the device buffer of a
-       tensor already on the executable's client and device as is, copies
-       buffers from other EXLA devices, and sends any other tensor's binary
-       to the device; arguments the program does not use are skipped
-       without being read (a template or an unused `Nx.LazyContainer` is
-       never built), as in EXLA 0.7;
-    4. runs the executable once;
-    5. wraps each output buffer in the precomputed output template.
-
-  No expression is built, nothing is lowered, no program text is hashed and
-  no tensor data is copied for arguments already on the device. Functions
-  returned by `EXLA.compile/3` skip steps 1 and 2 entirely.
-  """
+  # The `Nx.Defn.Compiler` implementation behind `EXLA` (internal).
+  #
+  # ## Compilation
+  #
+  # On a cache miss, the defn function is evaluated with `Nx.Defn.Expr`
+  # parameters (the *evaluation*), the expression is lowered to a StableHLO
+  # module by `EXLA.Defn.Lowering` and compiled by the PJRT plugin (the
+  # *compilation*). The result is an `EXLA.Defn.Compiled` struct holding the
+  # executable, the shapes of the inputs, the output templates and a function
+  # that turns the output buffers into the result container. Compilation emits
+  # the `[:exla, :compilation]` telemetry event.
+  #
+  # The cache key is the function's key (given by `Nx.Defn`), the type, shape,
+  # names and vectorized axes of every argument, and the options (which
+  # include the client and device). Caches are `EXLA.Defn.LockedCache`:
+  # concurrent callers of the same key wait for one compilation.
+  #
+  # ## Per-call path
+  #
+  # A cached call does, in order:
+  #
+  #   1. builds the cache key from the argument templates (a short list of
+  #      `{type, shape, names, vectorized_axes}` tuples);
+  #   2. looks the key up in `:persistent_term` (no copy, no message);
+  #   3. for each argument the program uses, takes the device buffer of a
+  #      tensor already on the executable's client and device as is, copies
+  #      buffers from other EXLA devices, and sends any other tensor's binary
+  #      to the device; arguments the program does not use are skipped
+  #      without being read (a template or an unused `Nx.LazyContainer` is
+  #      never built), as in EXLA 0.7;
+  #   4. runs the executable once;
+  #   5. wraps each output buffer in the precomputed output template.
+  #
+  # No expression is built, nothing is lowered, no program text is hashed and
+  # no tensor data is copied for arguments already on the device. Functions
+  # returned by `EXLA.compile/3` skip steps 1 and 2 entirely.
 
   require Logger
 
@@ -352,7 +352,7 @@ defmodule EXLA.Defn do
       donate: donate,
       input_shapes: input_shapes,
       output: output,
-      build: output_builder(output, lowered.output_shapes),
+      build: output_builder(output),
       key: key,
       debug?: opts[:debug],
       callbacks: callbacks
@@ -458,11 +458,11 @@ defmodule EXLA.Defn do
     EXLA.Shape.make_shape(type, List.to_tuple(dims))
   end
 
-  defp output_builder(%T{} = template, _shapes) do
+  defp output_builder(%T{} = template) do
     fn [buffer] -> %{template | data: %EXLA.Backend{buffer: buffer}} end
   end
 
-  defp output_builder(container, _shapes) do
+  defp output_builder(container) do
     fn buffers ->
       {result, []} =
         Composite.traverse(container, buffers, fn template, [buffer | buffers] ->

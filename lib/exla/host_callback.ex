@@ -1,44 +1,44 @@
 defmodule EXLA.HostCallback do
-  @moduledoc """
-  Runs programs that call back into the BEAM, and serves their calls
-  (internal). The only user of the `callback_*` NIFs.
+  @moduledoc false
 
-  A program with host callbacks (hooks, lazy inputs, streams; emitted by
-  `EXLA.Defn.Lowering.Hooks`) takes a *chain* as its last parameter: the id
-  of a native *session* owned by the process that runs it. Each call site
-  of the program has a number, and the lowering describes each site with a
-  *payload*; `sites` maps one to the other:
-
-    * `{:hook, name, fun, template}` - the program hands over hooked
-      values: `fun` is called, in the owner, with them rebuilt after
-      `template` (see `container/2`);
-
-    * `{:input, index}` - the program needs lazy input `index`: the run's
-      `:fetch_input` function gives its binary, which is pushed to the
-      session (and `[:exla, :lazy_transfer]` is emitted);
-
-    * `:recv` - the program waits for data pushed with `push!/2` or for the
-      done marker queued by `finish/1`; such sites never message the owner;
-
-    * `:send` - the program hands an output to the owner (a stream's
-      output): `next/1` returns it.
-
-  ## A run
-
-  `start!/4` opens the session, places the chain on the device and hands
-  the program to a native thread (programs with callbacks never run on a
-  scheduler: they may wait for the host). The calls and, last, the run's
-  result arrive as messages to the owner, which `next/1` serves in program
-  order. `run!/4` is a whole run for programs without `:send` sites.
-
-  Errors take one path: native errors become exceptions through
-  `EXLA.NIF.unwrap!/1`, whether a NIF returns them or the run ends with
-  one. When the owner raises while a run is in flight (a hook or a lazy
-  input raised), `abort/1` closes the session, so the program fails at its
-  next call, and waits for the run to end, dropping its messages: nothing
-  is left running and no message is left behind. If the owner dies, the
-  native side closes its sessions.
-  """
+  # Runs programs that call back into the BEAM, and serves their calls
+  # (internal). The only user of the `callback_*` NIFs.
+  #
+  # A program with host callbacks (hooks, lazy inputs, streams; emitted by
+  # `EXLA.Defn.Lowering.HostCalls`) takes a *chain* as its last parameter: the id
+  # of a native *session* owned by the process that runs it. Each call site
+  # of the program has a number, and the lowering describes each site with a
+  # *payload*; `sites` maps one to the other:
+  #
+  #   * `{:hook, name, fun, template}` - the program hands over hooked
+  #     values: `fun` is called, in the owner, with them rebuilt after
+  #     `template` (see `container/2`);
+  #
+  #   * `{:input, index}` - the program needs lazy input `index`: the run's
+  #     `:fetch_input` function gives its binary, which is pushed to the
+  #     session (and `[:exla, :lazy_transfer]` is emitted);
+  #
+  #   * `:recv` - the program waits for data pushed with `push!/2` or for the
+  #     done marker queued by `finish/1`; such sites never message the owner;
+  #
+  #   * `:send` - the program hands an output to the owner (a stream's
+  #     output): `next/1` returns it.
+  #
+  # ## A run
+  #
+  # `start!/4` opens the session, places the chain on the device and hands
+  # the program to a native thread (programs with callbacks never run on a
+  # scheduler: they may wait for the host). The calls and, last, the run's
+  # result arrive as messages to the owner, which `next/1` serves in program
+  # order. `run!/4` is a whole run for programs without `:send` sites.
+  #
+  # Errors take one path: native errors become exceptions through
+  # `EXLA.NIF.unwrap!/1`, whether a NIF returns them or the run ends with
+  # one. When the owner raises while a run is in flight (a hook or a lazy
+  # input raised), `abort/1` closes the session, so the program fails at its
+  # next call, and waits for the run to end, dropping its messages: nothing
+  # is left running and no message is left behind. If the owner dies, the
+  # native side closes its sessions.
 
   alias EXLA.NIF
   alias Nx.Defn.Composite
@@ -56,7 +56,7 @@ defmodule EXLA.HostCallback do
 
   # The shape of the chain's buffer: the chain's MLIR type, as a shape when
   # this module compiles.
-  @chain_shape EXLA.MLIR.Type.to_shape(EXLA.Defn.Lowering.Hooks.chain_type())
+  @chain_shape EXLA.MLIR.Type.to_shape(EXLA.Defn.Lowering.HostCalls.chain_type())
 
   @doc """
   Registers the callback handler with the plugin of `client`; needed once

@@ -1,32 +1,32 @@
 defmodule EXLA.Remote do
-  @moduledoc """
-  EXLA's native resources across the nodes of a cluster (internal).
+  @moduledoc false
 
-  A device buffer, an executable or a client is a NIF resource, and its
-  term is a reference that only the node that made it, its *owner*, can
-  resolve. Sent to another node, the term still prints, compares equal and
-  can be sent back to its owner, where it resolves again; but it keeps
-  nothing alive on its way, and the NIF of another node cannot use it.
-
-  So EXLA never gives the NIF a resource of another node. Every function
-  that takes one first checks where it comes from (`local?/1`, a guard
-  on `node/1` of the reference):
-
-    * a buffer of another node is read, waited for or freed by its owner
-      (`call!/4`), and copied through the host into this node's memory
-      where a program or a copy needs it (see `EXLA.DeviceBuffer`);
-
-    * a client of another node stands for this node's client of the same
-      name (`EXLA.Client.local/1`);
-
-    * an executable of another node is loaded from its owner's serialized
-      form (see `EXLA.Executable`).
-
-  The memory of a buffer stays on its owner for as long as some process
-  there holds the tensor. A tensor that only other nodes hold is freed on
-  its owner by the garbage collector, and reading it then raises an error
-  that says so; so is one whose owner stopped or is not connected.
-  """
+  # EXLA's native resources across the nodes of a cluster (internal).
+  #
+  # A device buffer, an executable or a client is a NIF resource, and its
+  # term is a reference that only the node that made it, its *owner*, can
+  # resolve. Sent to another node, the term still prints, compares equal and
+  # can be sent back to its owner, where it resolves again; but it keeps
+  # nothing alive on its way, and the NIF of another node cannot use it.
+  #
+  # So EXLA never gives the NIF a resource of another node. Every function
+  # that takes one first checks where it comes from (`local?/1`, a guard
+  # on `node/1` of the reference):
+  #
+  #   * a buffer of another node is read, waited for or freed by its owner
+  #     (`call!/4`), and copied through the host into this node's memory
+  #     where a program or a copy needs it (see `EXLA.DeviceBuffer`);
+  #
+  #   * a client of another node stands for this node's client of the same
+  #     name (`EXLA.Client.local/1`);
+  #
+  #   * an executable of another node is loaded from its owner's serialized
+  #     form (see `EXLA.Executable`).
+  #
+  # The memory of a buffer stays on its owner for as long as some process
+  # there holds the tensor. A tensor that only other nodes hold is freed on
+  # its owner by the garbage collector, and reading it then raises an error
+  # that says so; so is one whose owner stopped or is not connected.
 
   @doc "Whether `ref` (a resource's reference) belongs to this node."
   defguard local?(ref) when node(ref) == node()

@@ -1,18 +1,18 @@
 defmodule EXLA.Sharding do
-  @moduledoc """
-  How `EXLA.shard_jit/3` lays tensors out over a mesh of devices
-  (internal): checking meshes and shardings, the `mhlo.sharding`
-  annotations XLA's SPMD partitioner reads, and each device's part.
+  @moduledoc false
 
-  A *mesh* is a tuple of positive sizes, the logical shape of a grid of
-  partitions numbered in row-major order: `{2, 3}` has six, and partition
-  `p` sits at the coordinates `p` has in that grid. A *sharding* maps
-  some axes of a tensor to axes of the mesh, `%{tensor_axis =>
-  mesh_axis}`: the tensor is cut into equal parts along each such axis, as
-  many as the mesh axis's size, and the partition at coordinate `i` on
-  that mesh axis gets the `i`-th part; along mesh axes the tensor does not
-  use, it is replicated. `%{}` replicates the whole tensor.
-  """
+  # How `EXLA.shard_jit/3` lays tensors out over a mesh of devices
+  # (internal): checking meshes and shardings, the `mhlo.sharding`
+  # annotations XLA's SPMD partitioner reads, and each device's part.
+  #
+  # A *mesh* is a tuple of positive sizes, the logical shape of a grid of
+  # partitions numbered in row-major order: `{2, 3}` has six, and partition
+  # `p` sits at the coordinates `p` has in that grid. A *sharding* maps
+  # some axes of a tensor to axes of the mesh, `%{tensor_axis =>
+  # mesh_axis}`: the tensor is cut into equal parts along each such axis, as
+  # many as the mesh axis's size, and the partition at coordinate `i` on
+  # that mesh axis gets the `i`-th part; along mesh axes the tensor does not
+  # use, it is replicated. `%{}` replicates the whole tensor.
 
   @doc """
   Checks `mesh` and returns its partition count, at most `device_count`.

@@ -1,90 +1,44 @@
 defmodule EXLA.Defn.Lowering do
-  @moduledoc """
-  Lowers an `Nx.Defn.Expr` container to a StableHLO MLIR module (text).
+  @moduledoc false
 
-  The entry point is `to_mlir/3`. The module has a single public function
-  `@main` that takes the flattened inputs it uses, in order, and returns the
-  flattened outputs as a multi-result function. Predicates (`{:u, 8}` in Nx)
-  are `ui8` at the boundary; comparisons produce `i1` internally.
-
-  Ops with an `:optional` expression (linear algebra, cumulative ops,
-  `top_k`, ...) are lowered through the default implementation expression
-  Nx provides. Hooks attached to tokens are lowered by `lower_hook/2`: with
-  the `:hooks` option, active hooks become host callbacks (see
-  `EXLA.Defn.Lowering.Hooks`), threaded in program order through `while`
-  and `cond`.
-
-  A `cond` with one predicate becomes a `stablehlo.if`; with more, one flat
-  `stablehlo.case` whose branch is that of the first true predicate (all
-  the predicates are computed first, unless one after the first has active
-  hooks), so that a `cond` of hundreds of clauses compiles.
-
-  Like Nx, `sort`/`argsort` are stable and order NaN as the largest value,
-  `window_scatter_max`/`window_scatter_min` pick the last of equal elements
-  in a window, and `max`/`min`, `reduce_max`/`reduce_min` and
-  `window_max`/`window_min` propagate NaN on every client (the CPU plugin's
-  fast min/max would drop it; see `propagate_nan/3`).
-
-  Floats are computed in their own type: nothing is widened to f64, so a
-  program compiles for platforms without f64 (TPUs) and `EXLA.Backend`'s
-  eager ops, which are lowered here too, are the ops jit emits. `qr` (a
-  Householder QR, `EXLA.Defn.Lowering.QR`) and `lu` (`EXLA.Defn.Lowering.LU`)
-  have their own lowerings; other optional ops lower Nx's default
-  expression.
-
-  ## Differences from Nx.BinaryBackend
-
-  Compiled code follows XLA where the reference (`Nx.BinaryBackend` with
-  `Nx.Defn.Evaluator`) does something else:
-
-    * Division by zero never raises: floats give IEEE results; integer
-      `quotient`/`divide` by zero gives -1 (all bits set) and `remainder`
-      by zero returns the dividend.
-    * `sqrt`, `rsqrt`, `acos`, `asin`, `log` outside their domain and `pow`
-      of a negative base to a fractional power give NaN instead of raising;
-      `floor`/`ceil`/`round` of NaN or infinity return it unchanged.
-    * `as_type` from float to integer: NaN → 0, +inf → the type's maximum,
-      -inf → its minimum; finite values out of range saturate (the
-      reference wraps). s16 limits are the true ones (32767 / -32768;
-      Nx 0.7.2 uses 32677 / -32678, also as `window_max` padding).
-    * `tanh(±inf)` is ±1, `sign(NaN)` is NaN and `clip(NaN, ...)` is NaN.
-    * `argmax`/`argmin`: a NaN always wins, so the index of the first (or
-      last, with `tie_break: :high`) NaN is returned; the reference ignores
-      NaN unless it comes first.
-    * Out-of-bounds indices are clamped in `take`, `gather` and dynamic
-      `slice`/`put_slice`, and updates at out-of-bounds indices are dropped
-      in `indexed_add`/`indexed_put`; the reference raises. Indices may be
-      of any integer type (they are used as s64); u64 indices past the s64
-      range are out of bounds at the end of the axis.
-    * Integer `pow` with a negative exponent gives 0 (1 for base 1, ±1 for
-      base -1) instead of raising; shifts by a negative amount or by the bit
-      width or more give 0 (or -1 for a negative signed value shifted right).
-    * Complex `sign` is `z / |z|` (the reference returns 1); complex `acos`
-      and `acosh` use the principal branches (the reference does not for
-      some arguments with a negative real part).
-    * bf16 conversions round to nearest even (the reference truncates).
-    * Denormals are flushed to zero on the CPU.
-    * f32 (f16, bf16, c64) sums, products, dots and convolutions accumulate
-      in their own type and math functions are XLA's approximations in that
-      type (the reference computes in f64 and rounds once): results can
-      differ in the last bits, by 1 or 2 ulp for the math functions.
-      `erf_inv` is XLA's (as in EXLA 0.7.2): more accurate than the
-      reference in f64, whose polynomial is single precision.
-    * `round` of a value that rounds to zero keeps its sign (-0.3 gives
-      -0.0; the reference gives +0.0).
-    * `lu` uses partial pivoting on the current column (LAPACK style), so
-      P, L and U can differ from the reference's (P . L . U still gives A);
-      a zero pivot leaves the rows below it alone instead of filling L with
-      infinities.
-    * `triangular_solve` with a zero on the diagonal gives infinities and
-      NaN (as EXLA 0.7.2) instead of raising.
-    * `qr` sets R's diagonal to the column norms (sqrt(2) is rounded once,
-      where the reference can be 1 ulp off) and gives exact zeros in Q
-      where a column starts with 0; the signs are the reference's.
-  """
+  # Lowers an `Nx.Defn.Expr` container to a StableHLO MLIR module (text).
+  #
+  # The entry point is `to_mlir/3`. The module has a single public function
+  # `@main` that takes the flattened inputs it uses, in order, and returns the
+  # flattened outputs as a multi-result function. Predicates (`{:u, 8}` in Nx)
+  # are `ui8` at the boundary; comparisons produce `i1` internally.
+  #
+  # Ops with an `:optional` expression (linear algebra, cumulative ops,
+  # `top_k`, ...) are lowered through the default implementation expression
+  # Nx provides. Hooks attached to tokens are lowered by `lower_hook/2`: with
+  # the `:hooks` option, active hooks become host callbacks (see
+  # `EXLA.Defn.Lowering.HostCalls`), threaded in program order through `while`
+  # and `cond`.
+  #
+  # A `cond` with one predicate becomes a `stablehlo.if`; with more, one flat
+  # `stablehlo.case` whose branch is that of the first true predicate (all
+  # the predicates are computed first, unless one after the first has active
+  # hooks), so that a `cond` of hundreds of clauses compiles.
+  #
+  # Like Nx, `sort`/`argsort` are stable and order NaN as the largest value,
+  # `window_scatter_max`/`window_scatter_min` pick the last of equal elements
+  # in a window, and `max`/`min`, `reduce_max`/`reduce_min` and
+  # `window_max`/`window_min` propagate NaN on every client (the CPU plugin's
+  # fast min/max would drop it; see `propagate_nan/3`).
+  #
+  # Floats are computed in their own type: nothing is widened to f64, so a
+  # program compiles for platforms without f64 (TPUs) and `EXLA.Backend`'s
+  # eager ops, which are lowered here too, are the ops jit emits. `qr` (a
+  # Householder QR, `EXLA.Defn.Lowering.QR`) and `lu` (`EXLA.Defn.Lowering.LU`)
+  # have their own lowerings; other optional ops lower Nx's default
+  # expression.
+  #
+  # Where compiled code differs from Nx.BinaryBackend, users read it in the
+  # README ("Where results differ from Nx.BinaryBackend"): a lowering change
+  # that changes such a difference updates that list.
 
   alias EXLA.MLIR.{Builder, Check, Ops, Value}
-  alias EXLA.Defn.Lowering.Hooks
+  alias EXLA.Defn.Lowering.HostCalls
   alias Nx.Defn.{Composite, Expr}
   alias Nx.Tensor, as: T
 
@@ -113,7 +67,7 @@ defmodule EXLA.Defn.Lowering do
 
     * `:lazy_inputs` - when `true`, the module takes only the chain and
       requests each used input from the host where it is first needed
-      (see `EXLA.Defn.Lowering.Hooks.lower_input/3`); when a list of input indices,
+      (see `EXLA.Defn.Lowering.HostCalls.lower_input/3`); when a list of input indices,
       only those inputs are requested and the others stay parameters
       (before the chain). Defaults to `false`
 
@@ -136,15 +90,15 @@ defmodule EXLA.Defn.Lowering do
     # With active hooks, the program takes the host-callback chain last.
     hooks = opts[:hooks]
     lazy? = opts[:lazy_inputs] not in [false, nil]
-    chain? = lazy? or (hooks != nil and Hooks.active?(output_expr, hooks))
+    chain? = lazy? or (hooks != nil and HostCalls.active?(output_expr, hooks))
     # Lazy inputs are not parameters: the parameter tuple holds their types.
     {arg_types, lazy} =
       if lazy?,
-        do: Hooks.lazy_layout(arg_types, opts[:lazy_inputs]),
+        do: HostCalls.lazy_layout(arg_types, opts[:lazy_inputs]),
         else: {arg_types, nil}
 
     param_count = length(arg_types)
-    arg_types = if chain?, do: arg_types ++ [Hooks.chain_type()], else: arg_types
+    arg_types = if chain?, do: arg_types ++ [HostCalls.chain_type()], else: arg_types
     assigns = %{state | lazy: lazy}
     donated = donated_parameters(opts[:donate] || [], lazy)
 
@@ -154,7 +108,7 @@ defmodule EXLA.Defn.Lowering do
         arg_types,
         fn b, args ->
           {args, chain} = if chain?, do: Enum.split(args, -1), else: {args, [nil]}
-          params = if lazy, do: Hooks.lazy_inputs(lazy, args), else: List.to_tuple(args)
+          params = if lazy, do: HostCalls.lazy_inputs(lazy, args), else: List.to_tuple(args)
           b = assign(b, params: params, chain: hd(chain))
 
           Enum.map_reduce(outputs, b, fn t, b ->
@@ -519,7 +473,7 @@ defmodule EXLA.Defn.Lowering do
     b = if top, do: assign(b, used: Map.put(b.assigns.used, i, true)), else: b
 
     if top and b.assigns.lazy do
-      Hooks.lower_input(b, i, elem(params, i))
+      HostCalls.lower_input(b, i, elem(params, i))
     else
       {elem(params, i), b}
     end
@@ -605,7 +559,7 @@ defmodule EXLA.Defn.Lowering do
     chain = b.assigns.chain
 
     {results, b} =
-      if chain && Hooks.active?(condition, b.assigns.hooks) do
+      if chain && HostCalls.active?(condition, b.assigns.hooks) do
         lower_hooked_while(inits, condition, block, b)
       else
         lower_while(inits, condition, block, b)
@@ -673,9 +627,9 @@ defmodule EXLA.Defn.Lowering do
   def lower_hook(%{expr: expr, name: name} = hook, b) do
     {values, b} = lower_container(expr, b)
 
-    case Hooks.hook_function(hook, b) do
+    case HostCalls.hook_function(hook, b) do
       nil -> b
-      fun -> Hooks.emit_hook(b, name, fun, expr, values)
+      fun -> HostCalls.emit_hook(b, name, fun, expr, values)
     end
   end
 
@@ -782,7 +736,7 @@ defmodule EXLA.Defn.Lowering do
 
   defp hooked_predicates?(clauses, b) do
     b.assigns.chain != nil and
-      Enum.any?(clauses, fn {pred, _} -> Hooks.active?(pred, b.assigns.hooks) end)
+      Enum.any?(clauses, fn {pred, _} -> HostCalls.active?(pred, b.assigns.hooks) end)
   end
 
   defp lower_case(clauses, last, types, b) do
@@ -793,7 +747,7 @@ defmodule EXLA.Defn.Lowering do
         region(b, [], :nested, fn b, [] -> lower_branch(body, types, b) end)
       end)
 
-    chain_types = if b.assigns.chain, do: [Hooks.chain_type()], else: []
+    chain_types = if b.assigns.chain, do: [HostCalls.chain_type()], else: []
     Ops.case_(b, index, types ++ chain_types, branches)
   end
 
@@ -836,7 +790,7 @@ defmodule EXLA.Defn.Lowering do
     {else_region, b} =
       region(b, [], :nested, fn b, [] -> lower_nested_if(rest, last, types, b) end)
 
-    chain_types = if b.assigns.chain, do: [Hooks.chain_type()], else: []
+    chain_types = if b.assigns.chain, do: [HostCalls.chain_type()], else: []
     Ops.if_(b, p, types ++ chain_types, then_region, else_region)
   end
 

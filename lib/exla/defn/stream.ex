@@ -1,61 +1,39 @@
 defmodule EXLA.Defn.Stream do
-  @moduledoc """
-  `EXLA.stream/3` on host callbacks; implements `Nx.Stream`.
+  @moduledoc false
 
-  A stream compiles the step function `fun(input, acc, ...) -> {output, acc}`
-  into one program that loops on the device:
-
-      chunk = receive_input()            # host callback, waits for send/2
-      while chunk.present:
-        {output, acc} = fun(chunk.data, acc, ...)
-        send_output(output)              # host callback, to the recv/1 side
-        chunk = receive_input()
-      return acc
-
-  The step is lowered by `EXLA.Defn.Lowering` as any jitted function is, so
-  every op and hook works inside it. The program runs (see
-  `EXLA.HostCallback`) for the life of the stream, so the accumulator stays
-  on the device between chunks. `send/2` queues a chunk (any process may
-  send); `recv/1` waits for the next output and `done/1` ends the loop and
-  returns the accumulator on the device (only the process that started the
-  stream may call them; hooks of the step run in that process, during
-  `recv/1` and `done/1`).
-
-  ## Errors
-
-    * `send/2` of data that does not match the stream's input (type, shape,
-      names, as `Nx.compatible?/2`) raises `ArgumentError`; the stream goes
-      on. Data may be any `Nx.LazyContainer`; other data (a list, an atom,
-      a string) raises the same way.
-
-    * `done/1` while outputs are not received yet raises `RuntimeError`
-      ("cannot mark stream as done when there are recv messages pending")
-      and changes nothing: receive them, then call `done/1` again.
-
-    * `recv/1` on a stream that has ended (done, or failed) raises
-      `RuntimeError` ("cannot recv from stream because it has been
-      terminated"); so do `done/1` and `send/2`, with their own messages.
-
-    * When the program fails (which checked input cannot make happen), the
-      next `recv/1` raises the failure (so does `done/1` when no output is
-      pending).
-
-    * `recv/1` and `done/1` from another process raise `RuntimeError`.
-
-    * If the starting process dies, the native side closes the session and
-      the program ends. In every case the client stays usable.
-
-  Unlike EXLA 0.7.2, which ran streams on infeed and outfeed and locked the
-  device while a stream was open, other programs run on the device while a
-  stream is open, and any process may send.
-  """
+  # `EXLA.stream/3` on host callbacks; implements `Nx.Stream`.
+  #
+  # A stream compiles the step function `fun(input, acc, ...) -> {output, acc}`
+  # into one program that loops on the device:
+  #
+  #     chunk = receive_input()            # host callback, waits for send/2
+  #     while chunk.present:
+  #       {output, acc} = fun(chunk.data, acc, ...)
+  #       send_output(output)              # host callback, to the recv/1 side
+  #       chunk = receive_input()
+  #     return acc
+  #
+  # The step is lowered by `EXLA.Defn.Lowering` as any jitted function is, so
+  # every op and hook works inside it. The program runs (see
+  # `EXLA.HostCallback`) for the life of the stream, so the accumulator stays
+  # on the device between chunks. `send/2` queues a chunk (any process may
+  # send); `recv/1` waits for the next output and `done/1` ends the loop and
+  # returns the accumulator on the device (only the process that started the
+  # stream may call them; hooks of the step run in that process, during
+  # `recv/1` and `done/1`).
+  #
+  # The errors users see are documented in `EXLA.stream/3`.
+  #
+  # Unlike EXLA 0.7.2, which ran streams on infeed and outfeed and locked the
+  # device while a stream was open, other programs run on the device while a
+  # stream is open, and any process may send.
 
   require Logger
 
   alias EXLA.HostCallback
   alias EXLA.MLIR.{Builder, Ops}
   alias EXLA.Defn.{Lowering, LockedCache}
-  alias EXLA.Defn.Lowering.Hooks
+  alias EXLA.Defn.Lowering.HostCalls
   alias Nx.Defn.Composite
 
   @enforce_keys [:pid, :run, :input, :output, :acc, :client, :device_id]
@@ -159,7 +137,7 @@ defmodule EXLA.Defn.Stream do
     kept_params = kept ++ [length(state_types)]
 
     {mlir, b} =
-      Builder.module("main", state_types ++ [Hooks.chain_type()], main, state,
+      Builder.module("main", state_types ++ [HostCalls.chain_type()], main, state,
         kept: fn _b -> kept_params end
       )
 
@@ -191,8 +169,8 @@ defmodule EXLA.Defn.Stream do
   defp main(b, args, step) do
     {state, [chain]} = Enum.split(args, -1)
     {state, b} = unread_as_zeros(state, step.kept, b)
-    {[flag | inputs], b} = b |> Hooks.put_chain(chain) |> Hooks.emit_recv(step.in_types)
-    inits = inputs ++ state ++ [Hooks.chain(b), flag]
+    {[flag | inputs], b} = b |> HostCalls.put_chain(chain) |> HostCalls.emit_recv(step.in_types)
+    inits = inputs ++ state ++ [HostCalls.chain(b), flag]
     types = Enum.map(inits, & &1.type)
 
     {cond_region, b} =
@@ -210,14 +188,14 @@ defmodule EXLA.Defn.Stream do
   # output to the host and receives the next chunk.
   defp loop_body(b, args, step) do
     {params, [chain, _flag]} = Enum.split(args, -2)
-    {values, b} = Lowering.lower_container(step.expr, Hooks.put_chain(b, chain))
+    {values, b} = Lowering.lower_container(step.expr, HostCalls.put_chain(b, chain))
     {outs, accs} = Enum.split(values, length(step.outputs))
     {outs, b} = convert(outs, step.outputs, b)
     {accs, b} = convert(accs, step.accs, b)
-    b = Hooks.emit_send(b, outs)
-    {[flag | inputs], b} = Hooks.emit_recv(b, step.in_types)
+    b = HostCalls.emit_send(b, outs)
+    {[flag | inputs], b} = HostCalls.emit_recv(b, step.in_types)
     rest = Enum.drop(params, length(inputs) + length(accs))
-    {inputs ++ accs ++ rest ++ [Hooks.chain(b), flag], b}
+    {inputs ++ accs ++ rest ++ [HostCalls.chain(b), flag], b}
   end
 
   # The arguments the program does not take still have their place in the

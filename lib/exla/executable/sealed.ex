@@ -1,30 +1,30 @@
 defmodule EXLA.Executable.Sealed do
-  @moduledoc """
-  The sealed form of a serialized executable (internal): the plugin's
-  executable blob with EXLA's metadata about it, and a SHA-256 checksum of
-  all of it.
+  @moduledoc false
 
-  A plugin loads whatever bytes it is given: a blob with one flipped byte
-  can load and run native garbage. `open!/1` verifies the checksum before
-  anything is decoded, so a blob damaged on disk or on the wire raises
-  instead. The checksum protects against damage, not against someone who
-  rewrites the blob on purpose (they can recompute it).
-
-  Layout (big-endian sizes):
-
-      "EXLA_EXE"           8 bytes, the magic
-      version              16 bits
-      metadata size        32 bits
-      metadata             :erlang.term_to_binary/1 of a map
-      blob size            64 bits
-      blob                 the plugin's serialized executable
-      checksum             SHA-256 of every byte above
-
-  The version changes whenever the layout or the metadata's meaning does;
-  other versions are refused. Version 3 records the executable's whole
-  target (see `EXLA.Executable.load/3`) where version 2 had the plugin's
-  hash alone.
-  """
+  # The sealed form of a serialized executable (internal): the plugin's
+  # executable blob with EXLA's metadata about it, and a SHA-256 checksum of
+  # all of it.
+  #
+  # A plugin loads whatever bytes it is given: a blob with one flipped byte
+  # can load and run native garbage. `open!/1` verifies the checksum before
+  # anything is decoded, so a blob damaged on disk or on the wire raises
+  # instead. The checksum protects against damage, not against someone who
+  # rewrites the blob on purpose (they can recompute it).
+  #
+  # Layout (big-endian sizes):
+  #
+  #     "EXLA_EXE"           8 bytes, the magic
+  #     version              16 bits
+  #     metadata size        32 bits
+  #     metadata             :erlang.term_to_binary/1 of a map
+  #     blob size            64 bits
+  #     blob                 the plugin's serialized executable
+  #     checksum             SHA-256 of every byte above
+  #
+  # The version changes whenever the layout or the metadata's meaning does;
+  # other versions are refused. Version 3 records the executable's whole
+  # target (see `EXLA.Executable.load/3`) where version 2 had the plugin's
+  # hash alone.
 
   @magic "EXLA_EXE"
   @version 3

@@ -1,29 +1,29 @@
 defmodule EXLA.MLIR.Value do
-  @moduledoc """
-  An SSA value in the function being emitted: its textual name (`%3`,
-  `%7#1`, `%arg0`) and its `EXLA.MLIR.Type`.
-  """
+  @moduledoc false
+
+  # An SSA value in the function being emitted: its textual name (`%3`,
+  # `%7#1`, `%arg0`) and its `EXLA.MLIR.Type`.
   defstruct [:name, :type]
 
   @type t :: %__MODULE__{name: String.t(), type: EXLA.MLIR.Type.t()}
 end
 
 defmodule EXLA.MLIR.Builder do
-  @moduledoc """
-  A small, purely functional emitter of MLIR text in the generic operation
-  form, e.g.
+  @moduledoc false
 
-      %3 = "stablehlo.add"(%1, %2) : (tensor<3xf32>, tensor<3xf32>) -> tensor<3xf32>
-
-  The builder accumulates the lines of one function body. Names come from a
-  single counter, so they are unique across nested regions and the output is
-  deterministic. Regions are opened with `begin_region/2` and closed with
-  `end_region/3`, which returns the region text to pass to `op/5`.
-
-  `assigns` is free for the client (the lowering keeps its state there).
-  `module/4` records the types of the function's parameters and results
-  in `signature`.
-  """
+  # A small, purely functional emitter of MLIR text in the generic operation
+  # form, e.g.
+  #
+  #     %3 = "stablehlo.add"(%1, %2) : (tensor<3xf32>, tensor<3xf32>) -> tensor<3xf32>
+  #
+  # The builder accumulates the lines of one function body. Names come from a
+  # single counter, so they are unique across nested regions and the output is
+  # deterministic. Regions are opened with `begin_region/2` and closed with
+  # `end_region/3`, which returns the region text to pass to `op/5`.
+  #
+  # `assigns` is free for the client (the lowering keeps its state there).
+  # `module/4` records the types of the function's parameters and results
+  # in `signature`.
 
   alias EXLA.MLIR.{Type, Value}
 

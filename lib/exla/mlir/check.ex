@@ -1,31 +1,31 @@
 defmodule EXLA.MLIR.Check do
-  @moduledoc """
-  Checks a program must pass before a PJRT plugin compiles it (internal).
+  @moduledoc false
 
-  Plugins abort the whole VM, or block it forever, on some programs they
-  accept: a tensor whose size does not fit in memory throws `std::bad_alloc`
-  while compiling; a very long FFT trips an assertion of XLA:CPU's FFT
-  library; a recursive call overflows the compiler's stack; an infeed,
-  outfeed, send or recv waits for a transfer nobody will make. These checks
-  raise `ArgumentError` instead, before the plugin sees the program:
-
-    * every tensor must take at most the client's limit in bytes (see
-      `EXLA.Client.max_tensor_bytes/1`);
-
-    * FFT lengths must be between 1 and #{2 ** 28} (2^28);
-
-    * programs may not use `infeed`, `outfeed`, `send` or `recv`: EXLA gives
-      them no channel (the PJRT C API has no infeed transfer, and EXLA
-      registers no send or recv callbacks), so on every client they would
-      wait forever;
-
-    * the functions of a program may not call each other in a cycle.
-
-  `EXLA.Defn.Lowering` checks the size of every expression it lowers, and
-  the lengths of its FFTs, with `tensor_size!/3` and `fft_length!/1`, and
-  emits neither feeds nor calls. Hand-written programs given to
-  `EXLA.Executable.compile/3` are read with `module!/2`.
-  """
+  # Checks a program must pass before a PJRT plugin compiles it (internal).
+  #
+  # Plugins abort the whole VM, or block it forever, on some programs they
+  # accept: a tensor whose size does not fit in memory throws `std::bad_alloc`
+  # while compiling; a very long FFT trips an assertion of XLA:CPU's FFT
+  # library; a recursive call overflows the compiler's stack; an infeed,
+  # outfeed, send or recv waits for a transfer nobody will make. These checks
+  # raise `ArgumentError` instead, before the plugin sees the program:
+  #
+  #   * every tensor must take at most the client's limit in bytes (see
+  #     `EXLA.Client.max_tensor_bytes/1`);
+  #
+  #   * FFT lengths must be between 1 and 2^28;
+  #
+  #   * programs may not use `infeed`, `outfeed`, `send` or `recv`: EXLA gives
+  #     them no channel (the PJRT C API has no infeed transfer, and EXLA
+  #     registers no send or recv callbacks), so on every client they would
+  #     wait forever;
+  #
+  #   * the functions of a program may not call each other in a cycle.
+  #
+  # `EXLA.Defn.Lowering` checks the size of every expression it lowers, and
+  # the lengths of its FFTs, with `tensor_size!/3` and `fft_length!/1`, and
+  # emits neither feeds nor calls. Hand-written programs given to
+  # `EXLA.Executable.compile/3` are read with `module!/2`.
 
   # The longest FFT a program may compute.
   @max_fft_length 2 ** 28

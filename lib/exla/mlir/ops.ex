@@ -1,13 +1,13 @@
 defmodule EXLA.MLIR.Ops do
-  @moduledoc """
-  One function per StableHLO (and a few CHLO) operations, emitted in the
-  generic form through `EXLA.MLIR.Builder`.
+  @moduledoc false
 
-  Every function takes the builder first and returns `{value, builder}`
-  (or `{values, builder}` for multi-result operations). Shapes are not
-  inferred beyond what each op needs: callers pass result dims where the op
-  cannot compute them cheaply.
-  """
+  # One function per StableHLO (and a few CHLO) operations, emitted in the
+  # generic form through `EXLA.MLIR.Builder`.
+  #
+  # Every function takes the builder first and returns `{value, builder}`
+  # (or `{values, builder}` for multi-result operations). Shapes are not
+  # inferred beyond what each op needs: callers pass result dims where the op
+  # cannot compute them cheaply.
 
   alias EXLA.MLIR.{Builder, Type, Value}
   import Builder, only: [i64_array: 1, op1: 4, op1: 5, op: 5]

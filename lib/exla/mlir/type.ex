@@ -1,10 +1,10 @@
 defmodule EXLA.MLIR.Type do
-  @moduledoc """
-  Tensor types of the StableHLO text emitter.
+  @moduledoc false
 
-  A type is `{element, dims}` where `element` is an Nx type (`{:f, 32}`,
-  `{:u, 8}`, `{:c, 64}`, ...) or `:pred` (MLIR `i1`) and `dims` is a tuple.
-  """
+  # Tensor types of the StableHLO text emitter.
+  #
+  # A type is `{element, dims}` where `element` is an Nx type (`{:f, 32}`,
+  # `{:u, 8}`, `{:c, 64}`, ...) or `:pred` (MLIR `i1`) and `dims` is a tuple.
 
   @type element :: Nx.Type.t() | :pred
   @type t :: {element, tuple}
@@ -41,16 +41,4 @@ defmodule EXLA.MLIR.Type do
   @doc "The real type that makes up a complex type."
   def complex_part({:c, 64}), do: {:f, 32}
   def complex_part({:c, 128}), do: {:f, 64}
-
-  @doc "True for floating-point element types (not complex)."
-  def float?({kind, _}) when kind in [:f, :bf], do: true
-  def float?(_), do: false
-
-  @doc "True for integer element types (signed or unsigned)."
-  def integer?({kind, _}) when kind in [:s, :u], do: true
-  def integer?(_), do: false
-
-  @doc "True for complex element types."
-  def complex?({:c, _}), do: true
-  def complex?(_), do: false
 end

@@ -11,7 +11,10 @@ use crate::pool::{OffThread, SlowToDrop};
 
 /// A buffer and its entry in its client's memory ledger. Large buffers are
 /// destroyed on the drop thread (see `pool::OffThread`).
-pub struct BufferResource(pub OffThread<pjrt::Buffer>, Entry);
+pub struct BufferResource {
+    pub handle: OffThread<pjrt::Buffer>,
+    memory: Entry,
+}
 
 /// Buffers from this size on are destroyed on the drop thread. Freeing a
 /// block the C heap mapped (above 32 MiB on the host) unmaps it: about
@@ -35,24 +38,27 @@ impl BufferResource {
         // Checked when the shape was made, so it cannot overflow here.
         let bytes = buffer.shape().byte_size().unwrap_or(0) as u64;
         let entry = ledger.entry(buffer.device(), bytes);
-        ResourceArc::new(BufferResource(OffThread::new(buffer), entry))
+        ResourceArc::new(BufferResource {
+            handle: OffThread::new(buffer),
+            memory: entry,
+        })
     }
 
     /// Frees the device memory now (unless it is gone already) and stops
     /// counting it. Returns whether this call freed it. Waits while a
     /// launch on several devices is taking the buffer.
     pub fn give_up(&self) -> NifResult<bool> {
-        let deleted = self.0.delete()?;
-        self.1.release();
+        let deleted = self.handle.delete()?;
+        self.memory.release();
         Ok(deleted)
     }
 
     /// `give_up`, or `None` without waiting when a launch on several
     /// devices is taking the buffer.
     fn try_give_up(&self) -> NifResult<Option<bool>> {
-        let deleted = self.0.try_delete()?;
+        let deleted = self.handle.try_delete()?;
         if deleted.is_some() {
-            self.1.release();
+            self.memory.release();
         }
         Ok(deleted)
     }
@@ -80,8 +86,10 @@ fn place(
     device: usize,
 ) -> NifResult<ResourceArc<BufferResource>> {
     let shape = shape(type_code, dims)?;
-    let buffer = client.0.buffer_from_host(data.as_slice(), &shape, device)?;
-    Ok(BufferResource::new(buffer, &client.2))
+    let buffer = client
+        .handle
+        .buffer_from_host(data.as_slice(), &shape, device)?;
+    Ok(BufferResource::new(buffer, &client.ledger))
 }
 
 /// For small binaries: the copy is short enough for a normal scheduler.
@@ -128,13 +136,16 @@ fn buffer_read<'a>(
     buffer: ResourceArc<BufferResource>,
     limit: i64,
 ) -> NifResult<Option<Binary<'a>>> {
-    let size = read_size(&buffer.0, limit)?;
+    let size = read_size(&buffer.handle, limit)?;
     if size > NORMAL_READ_LIMIT {
-        buffer.0.ensure_live()?;
+        buffer.handle.ensure_live()?;
         return Ok(None);
     }
     let mut out = new_binary(size)?;
-    if buffer.0.try_copy_from_host_memory(out.as_mut_slice())? {
+    if buffer
+        .handle
+        .try_copy_from_host_memory(out.as_mut_slice())?
+    {
         Ok(Some(out.release(env)))
     } else {
         Ok(None)
@@ -148,10 +159,10 @@ fn buffer_read_dirty<'a>(
     buffer: ResourceArc<BufferResource>,
     limit: i64,
 ) -> NifResult<Binary<'a>> {
-    let size = read_size(&buffer.0, limit)?;
-    buffer.0.wait()?;
+    let size = read_size(&buffer.handle, limit)?;
+    buffer.handle.wait()?;
     let mut out = new_binary(size)?;
-    buffer.0.copy_to_host(out.as_mut_slice())?;
+    buffer.handle.copy_to_host(out.as_mut_slice())?;
     Ok(out.release(env))
 }
 
@@ -182,13 +193,13 @@ fn buffer_delete_dirty(buffer: ResourceArc<BufferResource>) -> NifResult<Atom> {
 fn buffer_ready(buffer: ResourceArc<BufferResource>) -> NifResult<bool> {
     // No liveness check first: the ready event of a deleted buffer carries
     // that error, which `is_ready` reports as a deleted buffer.
-    Ok(buffer.0.is_ready()?)
+    Ok(buffer.handle.is_ready()?)
 }
 
 #[rustler::nif(schedule = "DirtyIo")]
 fn buffer_await(buffers: Vec<ResourceArc<BufferResource>>) -> NifResult<Atom> {
     for buffer in &buffers {
-        buffer.0.wait()?;
+        buffer.handle.wait()?;
     }
     Ok(atoms::ok())
 }
@@ -198,6 +209,6 @@ fn buffer_copy_to_device(
     buffer: ResourceArc<BufferResource>,
     device: usize,
 ) -> NifResult<ResourceArc<BufferResource>> {
-    let copy = buffer.0.copy_to_device(device)?;
-    Ok(BufferResource::new(copy, buffer.1.ledger()))
+    let copy = buffer.handle.copy_to_device(device)?;
+    Ok(BufferResource::new(copy, buffer.memory.ledger()))
 }

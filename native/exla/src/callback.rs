@@ -259,14 +259,14 @@ impl Drop for SessionResource {
     }
 }
 
-/// The FFI target of the host-callback custom calls `EXLA.Defn.Hooks` emits.
+/// The FFI target of the host-callback custom calls `EXLA.Defn.Lowering.HostCalls` emits.
 const TARGET: &str = "exla_host_callback";
 
 /// Registers the callback handler with the client's plugin; must run
 /// before compiling a program that uses it.
 #[rustler::nif]
 fn callback_install(client: ResourceArc<ClientResource>) -> NifResult<Atom> {
-    pjrt::host_callback::install(client.0.plugin(), TARGET)?;
+    pjrt::host_callback::install(client.handle.plugin(), TARGET)?;
     Ok(atoms::ok())
 }
 

@@ -3,12 +3,16 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use rustler::{NifMap, NifTaggedEnum, ResourceArc};
+use rustler::{Atom, NifMap, NifTaggedEnum, ResourceArc};
 
+use crate::diagnostics::millis;
 use crate::error::{Error, NifResult};
-use crate::memory::Ledger;
+use crate::memory::{self, Ledger};
 
-pub struct PluginResource(pub Arc<pjrt::Plugin>);
+/// A loaded plugin.
+pub struct PluginResource {
+    pub handle: Arc<pjrt::Plugin>,
+}
 
 #[rustler::resource_impl]
 impl rustler::Resource for PluginResource {}
@@ -16,7 +20,11 @@ impl rustler::Resource for PluginResource {}
 /// A client, the XLA debug options (the client's `:xla_options`) that
 /// every compilation on it overrides, and the ledger of its buffers'
 /// memory (see `memory`).
-pub struct ClientResource(pub Arc<pjrt::Client>, CompileOverrides, pub Arc<Ledger>);
+pub struct ClientResource {
+    pub handle: Arc<pjrt::Client>,
+    compile_overrides: CompileOverrides,
+    pub ledger: Arc<Ledger>,
+}
 
 type CompileOverrides = Vec<(String, pjrt::OptionOverride)>;
 
@@ -29,7 +37,7 @@ impl ClientResource {
             num_partitions,
             // Plugins refuse several partitions unless SPMD partitions them.
             use_spmd_partitioning: num_partitions > 1,
-            env_option_overrides: self.1.clone(),
+            env_option_overrides: self.compile_overrides.clone(),
         }
     }
 }
@@ -99,7 +107,7 @@ fn plugin_load(path: String) -> NifResult<ResourceArc<PluginResource>> {
         duration_ms = millis(started),
         "loaded a PJRT plugin"
     );
-    Ok(ResourceArc::new(PluginResource(plugin)))
+    Ok(ResourceArc::new(PluginResource { handle: plugin }))
 }
 
 /// Loads a library a plugin needs (a path, or a name the dynamic loader
@@ -120,11 +128,11 @@ fn library_load_global(library: String) -> Result<rustler::Atom, String> {
 
 #[rustler::nif]
 fn plugin_info(plugin: ResourceArc<PluginResource>) -> PluginInfo {
-    let (api_major, api_minor) = plugin.0.api_version();
+    let (api_major, api_minor) = plugin.handle.api_version();
     PluginInfo {
         api_major,
         api_minor,
-        path: plugin.0.path().display().to_string(),
+        path: plugin.handle.path().display().to_string(),
     }
 }
 
@@ -145,7 +153,7 @@ fn client_create(
         .map(|(name, value)| Ok((name.clone(), option_override(&name, value)?)))
         .collect::<NifResult<Vec<_>>>()?;
     let started = Instant::now();
-    let client = pjrt::Client::create(&plugin.0, &options).inspect_err(|error| {
+    let client = pjrt::Client::create(&plugin.handle, &options).inspect_err(|error| {
         tracing::debug!(target: "exla::client", %error, "could not create a PJRT client");
     })?;
     tracing::info!(
@@ -157,7 +165,11 @@ fn client_create(
         "created a PJRT client"
     );
     let ledger = Ledger::new(client.devices().len());
-    Ok(ResourceArc::new(ClientResource(client, overrides, ledger)))
+    Ok(ResourceArc::new(ClientResource {
+        handle: client,
+        compile_overrides: overrides,
+        ledger,
+    }))
 }
 
 fn option_override(name: &str, value: OptionValue) -> NifResult<pjrt::OptionOverride> {
@@ -172,12 +184,6 @@ fn option_override(name: &str, value: OptionValue) -> NifResult<pjrt::OptionOver
             )))
         }
     })
-}
-
-/// Milliseconds since `started`, for diagnostics.
-pub fn millis(started: Instant) -> f64 {
-    // Whole microseconds read better in a log line than nanoseconds.
-    started.elapsed().as_micros() as f64 / 1000.0
 }
 
 fn option_value(value: OptionValue) -> NifResult<pjrt::OptionValue> {
@@ -199,7 +205,7 @@ fn option_value(value: OptionValue) -> NifResult<pjrt::OptionValue> {
 
 #[rustler::nif]
 fn client_info(client: ResourceArc<ClientResource>) -> ClientInfo {
-    let client = &client.0;
+    let client = &client.handle;
     let (api_major, api_minor) = client.plugin().api_version();
     ClientInfo {
         api_major,
@@ -215,4 +221,20 @@ fn client_info(client: ResourceArc<ClientResource>) -> ClientInfo {
             })
             .collect(),
     }
+}
+
+/// Runs on a dirty scheduler: a plugin may take its allocator's locks.
+#[rustler::nif(schedule = "DirtyIo")]
+fn client_memory_statistics(client: ResourceArc<ClientResource>) -> NifResult<memory::Statistics> {
+    memory::statistics(&client.handle, &client.ledger)
+}
+
+mod atoms {
+    rustler::atoms! { ok }
+}
+
+#[rustler::nif]
+fn client_reset_peak_memory(client: ResourceArc<ClientResource>) -> Atom {
+    client.ledger.reset_peak();
+    atoms::ok()
 }

@@ -29,6 +29,12 @@ use tracing::level_filters::LevelFilter;
 use tracing::subscriber::Interest;
 use tracing::{span, Event, Level, Metadata, Subscriber};
 
+/// Milliseconds since `started`, for diagnostics.
+pub fn millis(started: std::time::Instant) -> f64 {
+    // Whole microseconds read better in a log line than nanoseconds.
+    started.elapsed().as_micros() as f64 / 1000.0
+}
+
 /// Records waiting for the receiver; beyond this, events are dropped.
 const CAPACITY: usize = 1024;
 

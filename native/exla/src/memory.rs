@@ -1,5 +1,9 @@
 //! Device memory statistics of a client (`EXLA.Client.get_memory_statistics/1`).
 //!
+//! This module knows no resource: the client and executable resources hold
+//! a ledger, each buffer resource an entry, and the NIFs that read a
+//! client's statistics are in `client`.
+//!
 //! The plugin's own statistics (`PJRT_Device_MemoryStats`) are used where
 //! it implements them. Where it does not (the CPU plugins), each client has
 //! a `Ledger` of the bytes held by the buffers this NIF made: every buffer
@@ -13,9 +17,8 @@
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
-use rustler::{Atom, NifMap, ResourceArc};
+use rustler::NifMap;
 
-use crate::client::ClientResource;
 use crate::error::NifResult;
 
 /// Bytes held by a client's buffers, in total and per device, and the
@@ -158,34 +161,24 @@ fn plugin_statistics(client: &pjrt::Client) -> NifResult<Option<Statistics>> {
     Ok(Some(stats))
 }
 
-fn ledger_statistics(client: &ClientResource) -> Statistics {
-    let ledger = &client.2;
+fn ledger_statistics(ledger: &Ledger, devices: usize) -> Statistics {
     Statistics {
         allocated: ledger.allocated(),
         peak: ledger.peak(),
-        per_device: (0..client.0.devices().len())
+        per_device: (0..devices)
             .map(|device| (device, ledger.on_device(device)))
             .collect(),
     }
 }
 
-/// Runs on a dirty scheduler: a plugin may take its allocator's locks.
-#[rustler::nif(schedule = "DirtyIo")]
-fn client_memory_statistics(client: ResourceArc<ClientResource>) -> NifResult<Statistics> {
-    Ok(match plugin_statistics(&client.0)? {
+/// The statistics of `client`'s devices: the plugin's own, or those of
+/// `ledger` where the plugin keeps none. May take the plugin allocator's
+/// locks: call it on a dirty scheduler.
+pub fn statistics(client: &pjrt::Client, ledger: &Ledger) -> NifResult<Statistics> {
+    Ok(match plugin_statistics(client)? {
         Some(stats) => stats,
-        None => ledger_statistics(&client),
+        None => ledger_statistics(ledger, client.devices().len()),
     })
-}
-
-mod atoms {
-    rustler::atoms! { ok }
-}
-
-#[rustler::nif]
-fn client_reset_peak_memory(client: ResourceArc<ClientResource>) -> Atom {
-    client.2.reset_peak();
-    atoms::ok()
 }
 
 #[cfg(test)]

@@ -1,45 +1,45 @@
-defmodule EXLA.Defn.Lowering.Hooks do
-  @moduledoc """
-  The MLIR of host callbacks: defn hooks (`hook/2,3`, `print_value/2`),
-  lazy inputs and stream data (internal). `EXLA.HostCallback` runs the
-  programs and serves the calls.
+defmodule EXLA.Defn.Lowering.HostCalls do
+  @moduledoc false
 
-  A program with callbacks takes one extra, last parameter: a `ui64`
-  scalar, the *chain*, holding the id of the host-callback session of the
-  run. Each call becomes a `stablehlo.custom_call @exla_host_callback`
-  whose operands are the chain, a `ui32` constant naming its *site* and the
-  values handed to the host, and whose results are the chain again and the
-  values the host writes back (if any). Every call takes the chain returned
-  by the previous one, and `while` and `cond` carry it through their
-  results, so calls run in program order, also inside loops and branches.
-  Each site is recorded with a payload (`{:hook, name, fun, template}`,
-  `{:input, index}`, `:recv`, `:send`) in the state's `:hook_sites`; see
-  `EXLA.HostCallback` for what each one does at run time.
-
-  ## Hooks
-
-  A hook is active when the `:hooks` option or the hook itself gives it a
-  function; inactive hooks emit nothing. A `while` whose condition has
-  active hooks computes the condition before the loop and at the end of
-  its body, carrying the predicate with the chain, so the condition's hooks
-  are chained too and run each time the condition is evaluated (once more
-  than the body). Hooked values are sent in their own type; vectorized ones
-  are devectorized, as `Nx.Defn.Evaluator` hands them to hooks.
-
-  ## Lazy inputs
-
-  With `lazy_transfers: :always`, the inputs that are not on a device when
-  the function is called are not parameters: each one that is used is
-  lowered by `lower_input/3` where it is first needed: a site
-  `{:input, index}` tells the caller which input to send, and a receiving
-  site waits for it. Inputs already on a device are parameters, before the
-  chain (see `lazy_layout/2`); `EXLA.Defn` compiles a program for each set
-  of device inputs a function is called with.
-
-  This module only emits MLIR: the lowering of the hooked expressions stays
-  in `EXLA.Defn.Lowering`, which calls this module and is never called by
-  it.
-  """
+  # The MLIR of host callbacks: defn hooks (`hook/2,3`, `print_value/2`),
+  # lazy inputs and stream data (internal). `EXLA.HostCallback` runs the
+  # programs and serves the calls.
+  #
+  # A program with callbacks takes one extra, last parameter: a `ui64`
+  # scalar, the *chain*, holding the id of the host-callback session of the
+  # run. Each call becomes a `stablehlo.custom_call @exla_host_callback`
+  # whose operands are the chain, a `ui32` constant naming its *site* and the
+  # values handed to the host, and whose results are the chain again and the
+  # values the host writes back (if any). Every call takes the chain returned
+  # by the previous one, and `while` and `cond` carry it through their
+  # results, so calls run in program order, also inside loops and branches.
+  # Each site is recorded with a payload (`{:hook, name, fun, template}`,
+  # `{:input, index}`, `:recv`, `:send`) in the state's `:hook_sites`; see
+  # `EXLA.HostCallback` for what each one does at run time.
+  #
+  # ## Hooks
+  #
+  # A hook is active when the `:hooks` option or the hook itself gives it a
+  # function; inactive hooks emit nothing. A `while` whose condition has
+  # active hooks computes the condition before the loop and at the end of
+  # its body, carrying the predicate with the chain, so the condition's hooks
+  # are chained too and run each time the condition is evaluated (once more
+  # than the body). Hooked values are sent in their own type; vectorized ones
+  # are devectorized, as `Nx.Defn.Evaluator` hands them to hooks.
+  #
+  # ## Lazy inputs
+  #
+  # With `lazy_transfers: :always`, the inputs that are not on a device when
+  # the function is called are not parameters: each one that is used is
+  # lowered by `lower_input/3` where it is first needed: a site
+  # `{:input, index}` tells the caller which input to send, and a receiving
+  # site waits for it. Inputs already on a device are parameters, before the
+  # chain (see `lazy_layout/2`); `EXLA.Defn` compiles a program for each set
+  # of device inputs a function is called with.
+  #
+  # This module only emits MLIR: the lowering of the hooked expressions stays
+  # in `EXLA.Defn.Lowering`, which calls this module and is never called by
+  # it.
 
   alias EXLA.MLIR.{Builder, Ops}
   alias Nx.Defn.Composite
