@@ -160,7 +160,7 @@ defmodule EXLA.Client do
   require EXLA.Remote
   alias EXLA.Client.WarmUp
 
-  @platforms [:host, :cuda, :rocm, :tpu]
+  alias EXLA.Platform
 
   @enforce_keys [:ref, :name, :platform, :device_count, :default_device_id]
   defstruct [
@@ -205,8 +205,6 @@ defmodule EXLA.Client do
 
   # Allowed without a default: absent means the platform's defaults alone.
   @optional_options [:xla_options]
-
-  @default_xla_options %{host: [xla_cpu_use_xnnpack: false]}
 
   @doc """
   Starts the process that creates clients one at a time.
@@ -257,7 +255,10 @@ defmodule EXLA.Client do
               "#{inspect(preferred)} runs on a supported platform " <>
               "(supported: #{inspect(Map.keys(supported))}). The configured EXLA clients " <>
               "are: #{inspect(clients)}. The :host platform needs the CPU plugin, which " <>
-              "EXLA installs with python3 and pip; see EXLA.Plugin to provide it yourself"
+              "EXLA installs with python3 and pip, or which you point " <>
+              "EXLA_PJRT_PLUGIN_HOST at; a GPU needs its plugin (for CUDA: " <>
+              ~s|`pip install "jax[cuda13]"`, or point EXLA_PJRT_PLUGIN_CUDA at it). | <>
+              "See EXLA.Plugin"
   end
 
   @doc false
@@ -438,10 +439,10 @@ defmodule EXLA.Client do
   end
 
   defp check_option!(name, _platform, {:platform, platform}) do
-    if platform not in @platforms do
+    if platform not in Platform.all() do
       raise ArgumentError,
             "unknown EXLA platform #{inspect(platform)} for client #{inspect(name)}, " <>
-              "expected one of #{inspect(@platforms)}"
+              "expected one of #{inspect(Platform.all())}"
     end
   end
 
@@ -505,23 +506,10 @@ defmodule EXLA.Client do
   defp expected(:device_count), do: "a positive integer"
 
   @doc false
-  # The PJRT create options for validated client options. Only options of
-  # the exact types each plugin expects may be given: a wrong type aborts
-  # the VM on some CPU plugins.
+  # The PJRT create options for validated client options (see
+  # `EXLA.Platform.create_options/2`).
   def create_options(options) do
-    case Keyword.fetch!(options, :platform) do
-      :host ->
-        [{"cpu_device_count", {:int64, host_device_count(options)}}]
-
-      gpu when gpu in [:cuda, :rocm] ->
-        [
-          {"preallocate", {:bool, Keyword.fetch!(options, :preallocate)}},
-          {"memory_fraction", {:float, Keyword.fetch!(options, :memory_fraction) * 1.0}}
-        ]
-
-      :tpu ->
-        []
-    end
+    Platform.create_options(options, host_device_count(options))
   end
 
   @doc false
@@ -529,7 +517,7 @@ defmodule EXLA.Client do
   # sorted by name: the NIF keeps them with the client and every
   # compilation on it overrides XLA's debug options with them.
   def xla_compile_options(options) do
-    defaults = Map.get(@default_xla_options, Keyword.fetch!(options, :platform), [])
+    defaults = Platform.default_xla_options(Keyword.fetch!(options, :platform))
 
     defaults
     |> Map.new(fn {key, value} -> {to_string(key), value} end)
@@ -611,7 +599,7 @@ defmodule EXLA.Client do
     path = EXLA.Plugin.path!(platform, plugin: options[:plugin])
     EXLA.XLAOptions.check_options!(options[:xla_options] || [], path, name)
     xla_options = xla_compile_options(options)
-    {ref, info} = create!(path, create_options(options), xla_options)
+    {ref, info} = create!(platform, path, create_options(options), xla_options)
     device_count = length(info.devices)
 
     if device_count == 0 do
@@ -643,9 +631,9 @@ defmodule EXLA.Client do
     }
   end
 
-  defp create!(path, create_options, xla_options) do
+  defp create!(platform, path, create_options, xla_options) do
     EXLA.XLAOptions.check_flags!(EXLA.NIF.xla_flags_env(), path)
-    plugin = path |> EXLA.NIF.plugin_load() |> ok!()
+    plugin = EXLA.Plugin.load!(platform, path)
     ref = plugin |> EXLA.NIF.client_create(create_options, xla_options) |> ok!()
     info = ref |> EXLA.NIF.client_info() |> ok!()
 
@@ -670,16 +658,13 @@ defmodule EXLA.Client do
   defp ok!({:error, _} = error), do: EXLA.NIF.unwrap!(error)
   defp ok!(value), do: value
 
-  @platform_names %{host: ["cpu", "host"], cuda: ["cuda", "gpu"], rocm: ["rocm", "gpu"]}
-
   @doc false
   # Whether a plugin's platform name is the CPU's: the one test wherever
   # EXLA treats the CPU apart (its heap, its compile target).
-  def cpu_platform?(platform_name),
-    do: String.downcase(platform_name || "") in @platform_names.host
+  defdelegate cpu_platform?(platform_name), to: Platform, as: :cpu_name?
 
   defp warn_platform_mismatch(name, platform, platform_name, path) do
-    expected = Map.get(@platform_names, platform)
+    expected = Platform.plugin_names(platform)
 
     if expected && String.downcase(platform_name || "") not in expected do
       Logger.warning(
@@ -695,7 +680,7 @@ defmodule EXLA.Client do
     EXLA.Memo.get({__MODULE__, :supported_platforms}, fn ->
       clients = Application.fetch_env!(:exla, :clients)
 
-      Enum.reduce(@platforms, %{}, fn platform, acc ->
+      Enum.reduce(Platform.all(), %{}, fn platform, acc ->
         case platform_device_count(platform, clients) do
           nil -> acc
           count -> Map.put(acc, platform, count)
@@ -741,7 +726,7 @@ defmodule EXLA.Client do
 
   defp probe_device_count(platform, path) do
     options = validate_options!(platform, platform: platform, preallocate: false)
-    {_ref, info} = create!(path, create_options(options), [])
+    {_ref, info} = create!(platform, path, create_options(options), [])
     if info.devices != [], do: length(info.devices)
   end
 

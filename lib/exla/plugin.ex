@@ -22,10 +22,13 @@ defmodule EXLA.Plugin do
          EXLA installs it there by itself the first time it is needed
          (a download of about 60 MB, done once per machine and user);
 
-       * `:cuda` - the plugin of the Python package `jax-cuda12-pjrt`
-         (`jax_plugins/xla_cuda12/xla_cuda_plugin.so`), when it is installed
-         for `python3`. EXLA never installs CUDA by itself: run
-         `pip install jax-cuda12-pjrt` (and have the CUDA libraries it needs);
+       * `:cuda` - the plugin of the Python package `jax-cuda13-pjrt` or
+         `jax-cuda12-pjrt` (`jax_plugins/xla_cuda13/xla_cuda_plugin.so`,
+         the newest CUDA version first) in a Python environment EXLA sees
+         (see below). EXLA never installs CUDA by itself: run
+         `pip install "jax[cuda13]"`, which brings the plugin and the
+         NVIDIA libraries it needs (or `jax[cuda12]` for a driver that
+         supports CUDA 12 only);
 
        * `:rocm` - the plugin of a `jax-rocm*-pjrt` package
          (`jax_plugins/xla_rocm*/xla_rocm_plugin.so`), when installed;
@@ -33,10 +36,24 @@ defmodule EXLA.Plugin do
        * `:tpu` - the file named by `TPU_LIBRARY_PATH`, or `libtpu.so` from
          the Python package `libtpu`, when installed.
 
-  Python packages are looked up with the interpreter named by
-  `EXLA_PYTHON` (default: `python3` on the `PATH`), so a virtual
-  environment's interpreter can be used. Where the packages are is asked
-  once per VM.
+  The Python environments EXLA sees, without starting Python, are those of
+  `PYTHONPATH`, of the active virtual or conda environment (`VIRTUAL_ENV`,
+  `CONDA_PREFIX`), of every Python on the `PATH` (its `lib/python3.*`
+  `site-packages` or `dist-packages` folders, and `/usr/local`'s for
+  `/usr/bin`), and the user's (`PYTHONUSERBASE`, else `~/.local`). When
+  none has the plugin, the interpreter named by `EXLA_PYTHON` (default:
+  `python3` on the `PATH`) is asked where its packages are, once per VM.
+
+  ## CUDA libraries
+
+  A CUDA plugin needs the NVIDIA driver (`libcuda.so.1`) and NVIDIA's
+  libraries (cuBLAS, cuDNN, cuFFT, cuSOLVER, cuSPARSE, the CUDA runtime,
+  ...). As JAX does, EXLA loads those libraries before the plugin: from the
+  NVIDIA Python packages (`nvidia/*/lib` in a site-packages folder, the
+  plugin's own first), else by name from the system's library path. No
+  environment variable needs to be set. When the driver or a library is
+  missing, creating the client raises an error that names it and says what
+  to install.
 
   ## Installing the CPU plugin
 
@@ -69,6 +86,10 @@ defmodule EXLA.Plugin do
     * `EXLA_PYTHON` - the Python interpreter used to install the CPU plugin
       and to look for installed plugin packages. Defaults to `python3`
 
+    * `EXLA_DOWNLOAD_TIMEOUT` - how many seconds the CPU plugin's download
+      waits for a network that does not answer before it gives up (it tries
+      twice). Defaults to 30
+
     * `TPU_LIBRARY_PATH` - the TPU plugin (`libtpu.so`), as JAX reads it
 
   ## Options
@@ -86,9 +107,8 @@ defmodule EXLA.Plugin do
       missing. Defaults to `true`
   """
 
-  alias EXLA.Plugin.Install
-
-  @platforms [:host, :cuda, :rocm, :tpu]
+  alias EXLA.Platform
+  alias EXLA.Plugin.{Install, PythonEnv}
 
   @option_keys [:plugin, :cache_dir, :python, install: true]
 
@@ -103,7 +123,7 @@ defmodule EXLA.Plugin do
 
   """
   @spec platforms() :: [platform()]
-  def platforms, do: @platforms
+  def platforms, do: Platform.all()
 
   @doc """
   Returns the path of the plugin library for `platform`, or raises.
@@ -153,24 +173,13 @@ defmodule EXLA.Plugin do
     end
   end
 
-  # The device files a platform's kernel driver creates on Linux: without
-  # one, no plugin of that platform can find a device.
-  @device_files %{
-    # the NVIDIA driver; /dev/dxg is WSL2's GPU paravirtualization
-    cuda: ["/dev/nvidiactl", "/dev/nvidia[0-9]*", "/dev/dxg"],
-    # AMD's compute driver (KFD)
-    rocm: ["/dev/kfd"],
-    # TPU VMs: accel devices (v2 to v4) or VFIO groups (v5 and later)
-    tpu: ["/dev/accel[0-9]*", "/dev/vfio/[0-9]*"]
-  }
-
   @doc false
   # Whether looking for `platform`'s plugin can find one that finds
   # devices: true when the plugin is given (by an option or the
   # environment), on systems other than Linux, and on Linux when the
-  # platform's driver created its device files. Looking without a given
-  # plugin means asking Python (see python_locations/1), a start-up of 100
-  # to 400 ms that a machine without the hardware need not pay.
+  # platform's driver created its device files (`EXLA.Platform`). Looking
+  # without a given plugin may mean asking Python, a start-up of 100 to
+  # 400 ms that a machine without the hardware need not pay.
   @spec may_have_devices?(platform(), keyword()) :: boolean()
   def may_have_devices?(platform, opts \\ []) do
     opts = validate!(platform, opts)
@@ -180,7 +189,7 @@ defmodule EXLA.Plugin do
       given(platform, opts) != nil -> true
       platform == :tpu and Install.non_empty_env("TPU_LIBRARY_PATH") != nil -> true
       :os.type() != {:unix, :linux} -> true
-      true -> Enum.any?(@device_files[platform], &(Path.wildcard(&1) != []))
+      true -> Enum.any?(Platform.device_files(platform), &(Path.wildcard(&1) != []))
     end
   end
 
@@ -228,6 +237,28 @@ defmodule EXLA.Plugin do
   @doc false
   defdelegate install_wheel!(wheel, dest, wheel_sha256, library_sha256), to: Install
 
+  @doc false
+  # Loads the plugin of `platform` at `path` (as `path!/2` returns it) and
+  # returns the NIF's handle, or raises. A CUDA plugin's driver and NVIDIA
+  # libraries are loaded first, once per plugin and VM (see "CUDA
+  # libraries" above).
+  @spec load!(platform(), Path.t(), keyword()) :: reference()
+  def load!(platform, path, opts \\ []) do
+    opts = validate!(platform, opts)
+    if platform == :cuda, do: prepare_cuda!(path, opts)
+    path |> EXLA.NIF.plugin_load() |> EXLA.NIF.unwrap!()
+  end
+
+  defp prepare_cuda!(path, opts) do
+    key = {__MODULE__, :prepared, path}
+
+    unless :persistent_term.get(key, false) do
+      more = fn -> PythonEnv.asked_site_dirs(Install.python(opts)) end
+      EXLA.Plugin.Cuda.prepare!(path, PythonEnv.site_dirs(), more)
+      :persistent_term.put(key, true)
+    end
+  end
+
   @doc """
   Computes the sha256 of a file, reading it in chunks, as lowercase hex.
   """
@@ -248,7 +279,12 @@ defmodule EXLA.Plugin do
 
   ## Locating
 
-  defp validate!(platform, opts) when platform in @platforms do
+  defp validate!(platform, opts) do
+    if platform not in Platform.all() do
+      raise ArgumentError,
+            "unknown EXLA platform #{inspect(platform)}, expected one of #{inspect(Platform.all())}"
+    end
+
     opts = Keyword.validate!(opts, @option_keys)
 
     case opts[:plugin] do
@@ -256,11 +292,6 @@ defmodule EXLA.Plugin do
       path when is_binary(path) -> opts
       other -> raise ArgumentError, "expected :plugin to be a path, got: #{inspect(other)}"
     end
-  end
-
-  defp validate!(platform, _opts) do
-    raise ArgumentError,
-          "unknown EXLA platform #{inspect(platform)}, expected one of #{inspect(@platforms)}"
   end
 
   defp locate(platform, opts) do
@@ -277,7 +308,7 @@ defmodule EXLA.Plugin do
 
   # A plugin named by the :plugin option or the environment.
   defp given(platform, opts) do
-    env = env_var(platform)
+    env = Platform.env_var(platform)
 
     cond do
       path = opts[:plugin] -> {path, "the :plugin option"}
@@ -302,7 +333,8 @@ defmodule EXLA.Plugin do
     else
       {:error,
        "the CPU plugin is not installed at #{path}. " <>
-         "Call EXLA.Plugin.install!/1, or set #{env_var(:host)} or the client's :plugin option"}
+         "Call EXLA.Plugin.install!/1, or set #{Platform.env_var(:host)} or the client's " <>
+         ":plugin option"}
     end
   end
 
@@ -315,86 +347,32 @@ defmodule EXLA.Plugin do
 
   defp default(platform, opts), do: python_plugin(platform, opts)
 
-  @python_packages %{
-    cuda: "jax-cuda12-pjrt",
-    rocm: "jax-rocm60-pjrt (or another jax-rocm*-pjrt)",
-    tpu: "libtpu"
-  }
-
+  # The newest plugin of the environments seen without Python, else of
+  # those the interpreter reports.
   defp python_plugin(platform, opts) do
-    candidates =
-      case Install.python(opts) do
-        nil -> []
-        python -> python |> python_locations() |> Enum.flat_map(&plugin_candidates(platform, &1))
-      end
+    scanned = PythonEnv.site_dirs()
 
-    case candidates do
-      [path | _] ->
-        {:ok, path}
-
-      [] ->
-        {:error,
-         "no PJRT plugin for #{inspect(platform)} was found. Install the Python package " <>
-           "#{@python_packages[platform]} for #{Install.python_name(opts)}, or set " <>
-           "#{env_var(platform)}=/path/to/plugin.so, or give the client a :plugin option"}
+    with [] <- plugins_in(platform, scanned),
+         asked = PythonEnv.asked_site_dirs(Install.python(opts)),
+         [] <- plugins_in(platform, asked) do
+      {:error,
+       "no PJRT plugin for #{inspect(platform)} was found in the Python environments " <>
+         "EXLA sees (#{seen(scanned ++ asked)}; see EXLA.Plugin). Install " <>
+         "#{Platform.install_hint(platform)}, or set " <>
+         "#{Platform.env_var(platform)}=/path/to/plugin.so, or give the client a :plugin option"}
+    else
+      [path | _] -> {:ok, path}
     end
   end
 
-  defp plugin_candidates(:cuda, {"jax_plugins", dir}),
-    do: newest(Path.wildcard(Path.join(dir, "xla_cuda*/xla_cuda_plugin.so")))
-
-  defp plugin_candidates(:rocm, {"jax_plugins", dir}),
-    do: newest(Path.wildcard(Path.join(dir, "xla_rocm*/xla_rocm_plugin.so")))
-
-  defp plugin_candidates(:tpu, {"libtpu", dir}),
-    do: Enum.filter([Path.join(dir, "libtpu.so")], &File.regular?/1)
-
-  defp plugin_candidates(_platform, _location), do: []
-
-  defp newest(paths), do: Enum.sort(paths, :desc)
-
-  # Asks Python where the (namespace) packages are, without importing the
-  # plugin packages themselves (their __init__ needs jax).
-  @locations_script """
-  import importlib.util
-  for name in ("jax_plugins", "libtpu"):
-      try:
-          spec = importlib.util.find_spec(name)
-      except Exception:
-          spec = None
-      for path in (spec and spec.submodule_search_locations) or []:
-          print(name + "\\t" + path)
-  """
-
-  # Python's answer is kept for the life of the VM: asking costs a Python
-  # start-up (a few hundred milliseconds with some version managers).
-  defp python_locations(python) do
-    key = {__MODULE__, :python_locations, python}
-
-    case :persistent_term.get(key, nil) do
-      nil ->
-        locations = ask_python_locations(python)
-        :persistent_term.put(key, locations)
-        locations
-
-      locations ->
-        locations
-    end
+  defp plugins_in(platform, site_dirs) do
+    site_dirs
+    |> Enum.flat_map(&Path.wildcard(Path.join(&1, Platform.plugin_glob(platform))))
+    |> Enum.filter(&File.regular?/1)
+    # Stable: among plugins of one version, the first environment's wins.
+    |> Enum.sort_by(&Platform.plugin_rank/1, :desc)
   end
 
-  defp ask_python_locations(python) do
-    case System.cmd(python, ["-c", @locations_script], stderr_to_stdout: true) do
-      {output, 0} ->
-        for line <- String.split(output, "\n", trim: true),
-            [name, dir] <- [String.split(line, "\t", parts: 2)],
-            do: {name, dir}
-
-      {_output, _status} ->
-        []
-    end
-  rescue
-    _ in ErlangError -> []
-  end
-
-  defp env_var(platform), do: "EXLA_PJRT_PLUGIN_" <> String.upcase(Atom.to_string(platform))
+  defp seen([]), do: "none were found"
+  defp seen(site_dirs), do: "looked in " <> Enum.join(Enum.uniq(site_dirs), ", ")
 end

@@ -201,9 +201,14 @@ defmodule EXLA.ClientTest do
         Client.choose_default(clients, [:nope, :host], %{host: 1})
       end
 
-      assert_raise RuntimeError, ~r/could not find a default client for EXLA/, fn ->
-        Client.choose_default(clients, [:cuda, :tpu], %{host: 1})
-      end
+      error =
+        assert_raise RuntimeError, ~r/could not find a default client for EXLA/, fn ->
+          Client.choose_default(clients, [:cuda, :tpu], %{host: 1})
+        end
+
+      # it says how to provide a plugin
+      assert Exception.message(error) =~ "EXLA_PJRT_PLUGIN_HOST"
+      assert Exception.message(error) =~ ~s|pip install "jax[cuda13]"|
     end
   end
 

@@ -23,6 +23,10 @@ defmodule EXLA.PluginTest do
     end
   end
 
+  defp with_envs(vars, fun) do
+    Enum.reduce(vars, fun, fn {name, value}, inner -> fn -> with_env(name, value, inner) end end).()
+  end
+
   defp sha256(data), do: :crypto.hash(:sha256, data) |> Base.encode16(case: :lower)
 
   defp fake_wheel(dir, files) do
@@ -37,6 +41,32 @@ defmodule EXLA.PluginTest do
     File.write!(path, "#!/bin/sh\n" <> body)
     File.chmod!(path, 0o755)
     path
+  end
+
+  defp hold_connections(listener, held) do
+    case :gen_tcp.accept(listener) do
+      {:ok, socket} -> hold_connections(listener, [socket | held])
+      {:error, _} -> :ok
+    end
+  end
+
+  defp touch(path) do
+    File.mkdir_p!(Path.dirname(path))
+    File.write!(path, "")
+  end
+
+  # Runs `fun` where the Python environments EXLA sees are only those of
+  # `vars` (and a user site under `dir`), whatever this machine has.
+  defp in_python_env(dir, vars, fun) do
+    defaults = [
+      {"PATH", Path.join(dir, "no-python-bin")},
+      {"VIRTUAL_ENV", nil},
+      {"CONDA_PREFIX", nil},
+      {"PYTHONPATH", nil},
+      {"PYTHONUSERBASE", Path.join(dir, "userbase")}
+    ]
+
+    with_envs(Map.merge(Map.new(defaults), Map.new(vars)), fun)
   end
 
   defp leftovers(dir) do
@@ -117,53 +147,61 @@ defmodule EXLA.PluginTest do
       assert Plugin.install!(cache_dir: dir, python: "/nonexistent/python3") == path
     end
 
-    test "find the CUDA and ROCm plugins of installed Python packages", %{tmp_dir: dir} do
-      site = Path.join(dir, "site/jax_plugins")
+    test "find the CUDA and ROCm plugins of the packages Python reports", %{tmp_dir: dir} do
+      site = Path.join(dir, "site")
 
-      for file <- ~w(xla_cuda12/xla_cuda_plugin.so xla_cuda13/xla_cuda_plugin.so
-                     xla_rocm60/xla_rocm_plugin.so xla_cuda12/__init__.py) do
-        File.mkdir_p!(Path.dirname(Path.join(site, file)))
-        File.write!(Path.join(site, file), "")
+      files =
+        ~w(jax_plugins/xla_cuda12/xla_cuda_plugin.so jax_plugins/xla_cuda13/xla_cuda_plugin.so
+                 jax_plugins/xla_rocm60/xla_rocm_plugin.so jax_plugins/xla_rocm7/xla_rocm_plugin.so
+                 jax_plugins/xla_cuda12/__init__.py libtpu/libtpu.so)
+
+      for file <- files do
+        touch(Path.join(site, file))
       end
 
-      libtpu = Path.join(dir, "site/libtpu")
-      File.mkdir_p!(libtpu)
-      File.write!(Path.join(libtpu, "libtpu.so"), "")
-
+      # Python reports package folders; their parent is the site-packages folder.
       python =
         script(dir, "python", """
-        printf 'jax_plugins\\t#{site}\\n'
-        printf 'libtpu\\t#{libtpu}\\n'
+        printf '#{site}/jax_plugins\\n#{site}/libtpu\\n'
         """)
 
-      assert Plugin.find(:cuda, python: python) ==
-               {:ok, Path.join(site, "xla_cuda13/xla_cuda_plugin.so")}
+      in_python_env(dir, [], fn ->
+        assert Plugin.find(:cuda, python: python) ==
+                 {:ok, Path.join(site, "jax_plugins/xla_cuda13/xla_cuda_plugin.so")}
 
-      assert Plugin.find(:rocm, python: python) ==
-               {:ok, Path.join(site, "xla_rocm60/xla_rocm_plugin.so")}
+        assert Plugin.find(:rocm, python: python) ==
+                 {:ok, Path.join(site, "jax_plugins/xla_rocm7/xla_rocm_plugin.so")}
 
-      with_env("TPU_LIBRARY_PATH", nil, fn ->
-        assert Plugin.find(:tpu, python: python) == {:ok, Path.join(libtpu, "libtpu.so")}
+        with_env("TPU_LIBRARY_PATH", nil, fn ->
+          assert Plugin.find(:tpu, python: python) ==
+                   {:ok, Path.join(site, "libtpu/libtpu.so")}
+        end)
       end)
     end
 
     test "explain how to get a missing GPU or TPU plugin", %{tmp_dir: dir} do
       python = script(dir, "python", "exit 0\n")
+      venv_site = Path.join(dir, "venv/lib/python3.12/site-packages")
+      File.mkdir_p!(venv_site)
 
-      assert {:error, message} = Plugin.find(:cuda, python: python)
-      assert message =~ "no PJRT plugin for :cuda was found"
-      assert message =~ "jax-cuda12-pjrt"
-      assert message =~ "EXLA_PJRT_PLUGIN_CUDA"
-      refute Plugin.available?(:cuda, python: python)
+      in_python_env(dir, [{"VIRTUAL_ENV", Path.join(dir, "venv")}], fn ->
+        assert {:error, message} = Plugin.find(:cuda, python: python)
+        assert message =~ "no PJRT plugin for :cuda was found"
+        assert message =~ "looked in #{venv_site}"
+        assert message =~ ~s|pip install "jax[cuda13]"|
+        assert message =~ "pip install jax-cuda13-pjrt"
+        assert message =~ "EXLA_PJRT_PLUGIN_CUDA"
+        refute Plugin.available?(:cuda, python: python)
 
-      # a failing or missing interpreter is the same as no package
-      failing = script(dir, "failing", "exit 3\n")
-      assert {:error, _} = Plugin.find(:rocm, python: failing)
-      assert {:error, _} = Plugin.find(:rocm, python: "/nonexistent/python3")
+        # a failing or missing interpreter is the same as no package
+        failing = script(dir, "failing", "exit 3\n")
+        assert {:error, _} = Plugin.find(:rocm, python: failing)
+        assert {:error, _} = Plugin.find(:rocm, python: "/nonexistent/python3")
 
-      assert_raise RuntimeError, ~r/no PJRT plugin for :rocm/, fn ->
-        Plugin.path!(:rocm, python: python)
-      end
+        assert_raise RuntimeError, ~r/no PJRT plugin for :rocm/, fn ->
+          Plugin.path!(:rocm, python: python)
+        end
+      end)
     end
 
     test "use TPU_LIBRARY_PATH for :tpu", %{tmp_dir: dir} do
@@ -173,6 +211,130 @@ defmodule EXLA.PluginTest do
       with_env("TPU_LIBRARY_PATH", libtpu, fn ->
         assert Plugin.find(:tpu, python: "/nonexistent/python3") == {:ok, libtpu}
       end)
+    end
+  end
+
+  # mix.exs writes the default :clients (EXLA's documented configuration);
+  # EXLA.Platform owns what each platform is.
+  test "the default clients cover EXLA.Platform's platforms" do
+    {:ok, [{:application, :exla, spec}]} =
+      :file.consult(Path.join(:code.lib_dir(:exla, :ebin), "exla.app"))
+
+    env = spec[:env]
+    platforms = for {_name, options} <- env[:clients], do: options[:platform]
+    assert Enum.sort(platforms) == Enum.sort(EXLA.Platform.all())
+    assert Enum.sort(env[:preferred_clients]) == Enum.sort(Keyword.keys(env[:clients]))
+  end
+
+  # The Python environments seen without starting Python (`python:` names
+  # no interpreter, so none is asked).
+  describe "find/2 for :cuda without Python" do
+    @describetag :tmp_dir
+
+    @plugin12 "jax_plugins/xla_cuda12/xla_cuda_plugin.so"
+    @plugin13 "jax_plugins/xla_cuda13/xla_cuda_plugin.so"
+    @no_python [python: "/nonexistent/python3"]
+
+    test "in the active virtual or conda environment", %{tmp_dir: dir} do
+      for {var, prefix} <- [{"VIRTUAL_ENV", "venv"}, {"CONDA_PREFIX", "conda"}] do
+        site = Path.join([dir, prefix, "lib/python3.12/site-packages"])
+        touch(Path.join(site, @plugin13))
+
+        in_python_env(dir, [{var, Path.join(dir, prefix)}], fn ->
+          assert Plugin.find(:cuda, @no_python) == {:ok, Path.join(site, @plugin13)}
+        end)
+      end
+    end
+
+    test "in the environment of a Python on the PATH", %{tmp_dir: dir} do
+      # a virtual environment's bin, and Debian's /usr/local for /usr/bin
+      env_site = Path.join(dir, "env/lib/python3.11/site-packages")
+      touch(Path.join(dir, "env/bin/python3"))
+      touch(Path.join(env_site, @plugin12))
+
+      debian_site = Path.join(dir, "usr/local/lib/python3.12/dist-packages")
+      touch(Path.join(dir, "usr/bin/python3"))
+      touch(Path.join(debian_site, @plugin12))
+
+      in_python_env(dir, [{"PATH", Path.join(dir, "env/bin")}], fn ->
+        assert Plugin.find(:cuda, @no_python) == {:ok, Path.join(env_site, @plugin12)}
+      end)
+
+      in_python_env(dir, [{"PATH", Path.join(dir, "usr/bin")}], fn ->
+        assert Plugin.find(:cuda, @no_python) == {:ok, Path.join(debian_site, @plugin12)}
+      end)
+    end
+
+    test "in the user site and on PYTHONPATH", %{tmp_dir: dir} do
+      user_site = Path.join(dir, "userbase/lib/python3.12/site-packages")
+      touch(Path.join(user_site, @plugin12))
+
+      in_python_env(dir, [], fn ->
+        assert Plugin.find(:cuda, @no_python) == {:ok, Path.join(user_site, @plugin12)}
+      end)
+
+      path_site = Path.join(dir, "pythonpath")
+      touch(Path.join(path_site, @plugin12))
+
+      in_python_env(dir, [{"PYTHONPATH", path_site}], fn ->
+        assert Plugin.find(:cuda, @no_python) == {:ok, Path.join(path_site, @plugin12)}
+      end)
+    end
+
+    test "prefer the newest CUDA, then the most specific environment", %{tmp_dir: dir} do
+      venv_site = Path.join(dir, "venv/lib/python3.12/site-packages")
+      user_site = Path.join(dir, "userbase/lib/python3.12/site-packages")
+      touch(Path.join(venv_site, @plugin12))
+      touch(Path.join(user_site, @plugin13))
+      venv = [{"VIRTUAL_ENV", Path.join(dir, "venv")}]
+
+      in_python_env(dir, venv, fn ->
+        assert Plugin.find(:cuda, @no_python) == {:ok, Path.join(user_site, @plugin13)}
+      end)
+
+      touch(Path.join(venv_site, @plugin13))
+
+      in_python_env(dir, venv, fn ->
+        assert Plugin.find(:cuda, @no_python) == {:ok, Path.join(venv_site, @plugin13)}
+      end)
+    end
+  end
+
+  describe "the NVIDIA libraries of a CUDA plugin" do
+    @describetag :tmp_dir
+
+    test "come from the plugin's environment first, then others", %{tmp_dir: dir} do
+      site = Path.join(dir, "venv/lib/python3.12/site-packages")
+      plugin = Path.join(site, "jax_plugins/xla_cuda13/xla_cuda_plugin.so")
+      other = Path.join(dir, "other")
+      touch(Path.join(site, "nvidia/cu13/lib/libcublas.so.13"))
+      touch(Path.join(other, "nvidia/cu13/lib/libcublas.so.13"))
+      touch(Path.join(other, "nvidia/cudnn/lib/libcudnn.so.9"))
+
+      libraries = EXLA.Plugin.Cuda.libraries(plugin, [other])
+      found = Map.new(libraries, fn {file, _required?, location} -> {file, location} end)
+      assert found["libcublas.so.13"] == Path.join(site, "nvidia/cu13/lib/libcublas.so.13")
+      assert found["libcudnn.so.9"] == Path.join(other, "nvidia/cudnn/lib/libcudnn.so.9")
+      # not in any package: looked for on the system's library path
+      assert found["libcudart.so.13"] == :system
+      assert {"libcudart.so.13", true, :system} in libraries
+      assert {"libnccl.so.2", false, :system} in libraries
+
+      # dependencies before what needs them
+      files = Enum.map(libraries, &elem(&1, 0))
+
+      assert Enum.find_index(files, &(&1 == "libcublasLt.so.13")) <
+               Enum.find_index(files, &(&1 == "libcublas.so.13"))
+    end
+
+    test "follow the plugin's CUDA version", %{tmp_dir: dir} do
+      plugin = Path.join(dir, "site/jax_plugins/xla_cuda12/xla_cuda_plugin.so")
+      files = for {file, _, _} <- EXLA.Plugin.Cuda.libraries(plugin, []), do: file
+      assert "libcudart.so.12" in files
+      assert "libcusolver.so.11" in files
+      refute Enum.any?(files, &String.ends_with?(&1, ".so.13"))
+      # a plugin built elsewhere: EXLA does not know what it needs
+      assert EXLA.Plugin.Cuda.libraries(Path.join(dir, "my_plugin.so"), []) == []
     end
   end
 
@@ -350,21 +512,25 @@ defmodule EXLA.PluginTest do
       end
     end
 
-    test "explains what to do when pip fails", %{tmp_dir: dir} do
+    test "explains what to do when pip is missing or fails", %{tmp_dir: dir} do
       if supported_arch?() do
-        python =
-          script(dir, "python", """
-          echo "/usr/bin/python3: No module named pip" >&2
-          exit 1
-          """)
+        cases = [
+          {"/usr/bin/python3: No module named pip", ~r/pip is not installed for .*no_pip/,
+           "no_pip"},
+          {"ERROR: No matching distribution found for xla-cpu-pjrt==0.0.1",
+           ~r/failed with exit status 1:\s+ERROR: No matching distribution found/, "failing"}
+        ]
 
-        error =
-          assert_raise RuntimeError, fn -> Plugin.install!(cache_dir: dir, python: python) end
+        for {stderr, expected, name} <- cases do
+          python = script(dir, name, "echo '#{stderr}' >&2\nexit 1\n")
 
-        message = Exception.message(error)
-        assert message =~ "failed with exit status 1"
-        assert message =~ "No module named pip"
-        assert_instructions(message)
+          error =
+            assert_raise RuntimeError, fn -> Plugin.install!(cache_dir: dir, python: python) end
+
+          assert Exception.message(error) =~ expected
+          assert_instructions(Exception.message(error))
+        end
+
         refute File.exists?(Plugin.cpu_plugin_path(cache_dir: dir))
         assert leftovers(dir) == []
       end
@@ -400,6 +566,9 @@ defmodule EXLA.PluginTest do
         assert args =~
                  "-m pip download --no-deps --only-binary=:all: --require-hashes"
 
+        # a network that does not answer is given up on
+        assert args =~ "--timeout 30 --retries 1"
+
         assert args =~ "xla-cpu-pjrt==0.0.1"
 
         assert args =~
@@ -410,6 +579,46 @@ defmodule EXLA.PluginTest do
 
         refute File.exists?(Plugin.cpu_plugin_path(cache_dir: dir))
         assert leftovers(dir) == []
+      end
+    end
+
+    # A package index on loopback that accepts connections and never
+    # answers: pip gives up after EXLA_DOWNLOAD_TIMEOUT seconds, twice, and
+    # the error says so (the test's own timeout catches a hang).
+    @tag timeout: 120_000
+    test "gives up on a network that does not answer", %{tmp_dir: dir} do
+      python = System.find_executable("python3")
+
+      if supported_arch?() and python != nil and
+           match?({_, 0}, System.cmd(python, ~w(-m pip --version), stderr_to_stdout: true)) do
+        {:ok, listener} = :gen_tcp.listen(0, [:binary, active: false, ip: {127, 0, 0, 1}])
+        {:ok, port} = :inet.port(listener)
+        blackhole = spawn_link(fn -> hold_connections(listener, []) end)
+
+        env = [
+          {"PIP_INDEX_URL", "http://127.0.0.1:#{port}/simple"},
+          {"PIP_EXTRA_INDEX_URL", nil},
+          {"PIP_FIND_LINKS", nil},
+          {"PIP_CONFIG_FILE", "/dev/null"},
+          {"no_proxy", "127.0.0.1"},
+          {"NO_PROXY", "127.0.0.1"},
+          {"EXLA_DOWNLOAD_TIMEOUT", "2"}
+        ]
+
+        error =
+          with_envs(env, fn ->
+            assert_raise RuntimeError, fn -> Plugin.install!(cache_dir: dir, python: python) end
+          end)
+
+        message = Exception.message(error)
+        assert message =~ "the package index did not answer within 2 seconds"
+        assert message =~ "timed out"
+        assert_instructions(message)
+        refute File.exists?(Plugin.cpu_plugin_path(cache_dir: dir))
+        assert leftovers(dir) == []
+        Process.unlink(blackhole)
+        Process.exit(blackhole, :kill)
+        :gen_tcp.close(listener)
       end
     end
 

@@ -7,21 +7,26 @@ defmodule EXLA.Plugin.Install do
 
   require Logger
 
-  @cpu_package "xla-cpu-pjrt"
-  @cpu_version "0.0.1"
-  @cpu_member "xla_plugins/xla_cpu_pjrt/xla_cpu_pjrt.so"
-  @cpu_library "xla_cpu_pjrt.so"
+  # The pin of the CPU plugin, written once in cpu_plugin.pin (which
+  # .ci/run reads too).
+  @pin_file Path.join(__DIR__, "cpu_plugin.pin")
+  @external_resource @pin_file
+
+  pin =
+    for line <- File.read!(@pin_file) |> String.split("\n", trim: true),
+        not String.starts_with?(line, "#"),
+        do: String.split(line)
+
+  @cpu_package for(["package", name] <- pin, do: name) |> hd()
+  @cpu_version for(["version", version] <- pin, do: version) |> hd()
+  @cpu_member for(["member", member] <- pin, do: member) |> hd()
+  @cpu_library Path.basename(@cpu_member)
 
   # arch => {wheel file, wheel sha256, library sha256 (nil when not pinned)}
-  @cpu_wheels %{
-    "x86_64" =>
-      {"xla_cpu_pjrt-0.0.1-py3-none-manylinux_2_27_x86_64.whl",
-       "55837b6b7b47daa717f2d9a5a03563ea0ceaa338d06a81a1e2d3f060d960decc",
-       "88c3f28c5900f48ad4a82cab9e79bba9537809743395e341485f8794268820dc"},
-    "aarch64" =>
-      {"xla_cpu_pjrt-0.0.1-py3-none-manylinux_2_27_aarch64.whl",
-       "8f613be6e891858f40d64f9799319502fff42689661944fc18a6ffd8210b30c9", nil}
-  }
+  @cpu_wheels Map.new(
+                for ["wheel", arch, file, sha256, library] <- pin,
+                    do: {arch, {file, sha256, if(library != "-", do: library)}}
+              )
 
   @doc "The version of `xla-cpu-pjrt` EXLA installs."
   def cpu_version, do: @cpu_version
@@ -138,25 +143,26 @@ defmodule EXLA.Plugin.Install do
         raise RuntimeError,
               "EXLA has no CPU plugin to install for this machine " <>
                 "(#{:erlang.system_info(:system_architecture)}): #{@cpu_package} " <>
-                "#{@cpu_version} is published for Linux on x86_64 and aarch64 only. " <>
+                "#{@cpu_version} is published for Linux on " <>
+                Enum.join(Enum.sort(Map.keys(@cpu_wheels)), " and ") <>
+                " only. " <>
                 manual_instructions()
     end
   end
 
   defp pip_download!(python, tmp, download_dir) do
-    {_, wheel_sha256_x86, _} = @cpu_wheels["x86_64"]
-    {_, wheel_sha256_arm, _} = @cpu_wheels["aarch64"]
+    hashes = for {_, {_, sha256, _}} <- Enum.sort(@cpu_wheels), do: " --hash=sha256:" <> sha256
     requirements = Path.join(tmp, "requirements.txt")
+    File.write!(requirements, "#{@cpu_package}==#{@cpu_version}#{hashes}\n")
 
-    File.write!(
-      requirements,
-      "#{@cpu_package}==#{@cpu_version} " <>
-        "--hash=sha256:#{wheel_sha256_x86} --hash=sha256:#{wheel_sha256_arm}\n"
-    )
+    timeout = download_timeout()
 
+    # A network that does not answer fails after the timeout, tried twice:
+    # pip's own default retries five times with back-off.
     args =
       ~w(-m pip download --no-deps --only-binary=:all: --require-hashes) ++
         ~w(--disable-pip-version-check --no-input --progress-bar off) ++
+        ["--timeout", Integer.to_string(timeout), "--retries", "1"] ++
         ["-r", requirements, "-d", download_dir]
 
     case System.cmd(python, args, stderr_to_stdout: true) do
@@ -164,6 +170,19 @@ defmodule EXLA.Plugin.Install do
         :ok
 
       {output, status} ->
+        if output =~ ~r/No module named pip/ do
+          raise RuntimeError,
+                install_error("pip is not installed for #{python} (#{String.trim(output)})")
+        end
+
+        if output =~ ~r/timed out|TimeoutError/i do
+          raise RuntimeError,
+                install_error(
+                  "the package index did not answer within #{timeout} seconds " <>
+                    "(EXLA_DOWNLOAD_TIMEOUT); pip said:\n\n#{tail(output)}"
+                )
+        end
+
         raise RuntimeError,
               install_error(
                 "`#{python} -m pip download #{@cpu_package}==#{@cpu_version}` " <>
@@ -236,6 +255,18 @@ defmodule EXLA.Plugin.Install do
   end
 
   ## Helpers
+
+  @default_download_timeout 30
+
+  # Seconds pip waits for the network before it gives up on a connection.
+  defp download_timeout do
+    with value when is_binary(value) <- non_empty_env("EXLA_DOWNLOAD_TIMEOUT"),
+         {seconds, ""} when seconds > 0 <- Integer.parse(String.trim(value)) do
+      seconds
+    else
+      _ -> @default_download_timeout
+    end
+  end
 
   @doc "The Python interpreter's path, or nil when it is not found."
   def python(opts), do: System.find_executable(python_name(opts))

@@ -103,6 +103,22 @@ fn plugin_load(path: String) -> NifResult<ResourceArc<PluginResource>> {
     Ok(ResourceArc::new(PluginResource { handle: plugin }))
 }
 
+/// Loads a library a plugin needs (a path, or a name the dynamic loader
+/// searches for) with its symbols global: `{:ok, :ok}` or `{:error, reason}`.
+/// Which libraries, and in what order, is decided in Elixir.
+#[rustler::nif(schedule = "DirtyIo")]
+fn library_load_global(library: String) -> Result<rustler::Atom, String> {
+    let started = Instant::now();
+    pjrt::load_library_global(&library)?;
+    tracing::debug!(
+        target: "exla::plugin",
+        library,
+        duration_ms = millis(started),
+        "loaded a library for a plugin"
+    );
+    Ok(rustler::types::atom::ok())
+}
+
 /// Creates a client with the plugin's create options `options`; the XLA
 /// debug options `xla_options` are kept for the client's compilations.
 #[rustler::nif(schedule = "DirtyIo")]

@@ -27,5 +27,8 @@ pub use executable::LoadedExecutable;
 /// The checks a plugin file passes before `dlopen` (see `Plugin::load`):
 /// `Err` says why the file is truncated, corrupt or of a foreign format.
 pub use library::check as check_plugin_file;
+/// Loads a library a plugin needs before the plugin, with its symbols
+/// global (see `library::load_global`).
+pub use library::load_global as load_library_global;
 pub use plugin::{Plugin, MIN_API_VERSION};
 pub use types::{ElementType, Shape};

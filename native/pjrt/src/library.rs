@@ -7,6 +7,10 @@
 //! (program headers, loaded and dynamic segments, section contents) must lie
 //! within the file. On macOS a Mach-O file's magic and load commands are
 //! checked the same way; other systems are not checked.
+//!
+//! `load_global` loads a library a plugin depends on ahead of the plugin
+//! (the caller decides which): its symbols become global, and the dynamic
+//! loader then finds it by its soname when the plugin asks for it.
 
 use std::fs::File;
 use std::io::{Read, Seek, SeekFrom};
@@ -30,6 +34,33 @@ pub fn check(path: &Path) -> Result<(), String> {
         _ if cfg!(unix) => Err("it is not an ELF shared library (no ELF magic)".into()),
         _ => Ok(()),
     }
+}
+
+/// Loads `library` for the life of the process with its symbols global
+/// (`RTLD_NOW | RTLD_GLOBAL`), as `dlopen` resolves it: a path (which
+/// `check` examines first) or a bare file name that the loader searches
+/// for. `Err` is the loader's or the check's reason.
+#[cfg(unix)]
+pub fn load_global(library: &str) -> Result<(), String> {
+    use libloading::os::unix::{Library, RTLD_GLOBAL, RTLD_NOW};
+    if library.contains('/') {
+        check(Path::new(library))?;
+    }
+    // SAFETY: loading a shared library runs its initialisers; the caller
+    // names libraries that are written to be loaded this way.
+    let loaded = unsafe { Library::open(Some(library), RTLD_NOW | RTLD_GLOBAL) }
+        .map_err(|e| e.to_string())?;
+    // Never unloaded: a plugin loaded later may bind to its symbols.
+    std::mem::forget(loaded);
+    Ok(())
+}
+
+/// Other systems have no global symbol scope to add to.
+#[cfg(not(unix))]
+pub fn load_global(library: &str) -> Result<(), String> {
+    Err(format!(
+        "{library}: preloading libraries needs a Unix system"
+    ))
 }
 
 /// The file with its size; reads fail when they would pass its end.
@@ -391,5 +422,16 @@ mod tests {
             assert!(check(&temp("noise.so", &noise)).is_err());
         }
         assert!(check(Path::new("/nonexistent/plugin.so")).is_err());
+    }
+
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn loads_libraries_globally_or_says_why_not() {
+        // The C library is loaded already: by name it is found, not reloaded.
+        assert_eq!(load_global("libc.so.6"), Ok(()));
+        let err = load_global("libexla-no-such-library.so.1").unwrap_err();
+        assert!(err.contains("libexla-no-such-library.so.1"), "{err}");
+        let err = load_global(temp("empty-global.so", b"").to_str().unwrap()).unwrap_err();
+        assert!(err.contains("too few"), "{err}");
     }
 }

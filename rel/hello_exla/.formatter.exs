@@ -1,0 +1,4 @@
+[
+  inputs: ["{mix,.formatter}.exs", "lib/**/*.{ex,exs}"],
+  import_deps: [:nx]
+]
