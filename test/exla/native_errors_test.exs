@@ -17,6 +17,7 @@ defmodule EXLA.NativeErrorsTest do
     end
   end
 
+  @tag :cargo
   test "a plugin of an older PJRT C API is refused, naming both versions" do
     {_, 0} =
       System.cmd("cargo", ~w(build --quiet --release -p test_plugin), stderr_to_stdout: true)
