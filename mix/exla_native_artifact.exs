@@ -184,11 +184,11 @@ defmodule Mix.ExlaNative.Artifact do
   operating system's certificate store. Returns `{:ok, bytes}` or `{:error, :download, reason}`.
   """
   def download(url) do
-    {:ok, _} = Application.ensure_all_started(:inets)
-    {:ok, _} = Application.ensure_all_started(:ssl)
     uri = URI.parse(url)
 
-    with {:ok, ssl} <- ssl_options(uri) do
+    with :ok <- start(:inets),
+         :ok <- start(:ssl),
+         {:ok, ssl} <- ssl_options(uri) do
       http = [ssl: ssl, connect_timeout: 15_000, timeout: 300_000, autoredirect: true]
 
       case :httpc.request(:get, {String.to_charlist(url), []}, http, body_format: :binary) do
@@ -201,6 +201,18 @@ defmodule Mix.ExlaNative.Artifact do
         {:error, reason} ->
           {:error, :download, "#{url} could not be fetched: #{inspect(reason)}"}
       end
+    end
+  end
+
+  # Debian splits Erlang into packages: ssl and inets may be missing.
+  defp start(app) do
+    case Application.ensure_all_started(app) do
+      {:ok, _} ->
+        :ok
+
+      {:error, reason} ->
+        {:error, :download,
+         "Erlang's #{app} application could not start (#{inspect(reason)}); install it (Debian: erlang-#{app})"}
     end
   end
 
