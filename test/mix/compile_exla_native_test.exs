@@ -170,10 +170,38 @@ defmodule Mix.Tasks.Compile.ExlaNativeTest do
       end)
     end
 
-    test "a tree whose checksum file lists no archive builds from source" do
-      # The repository's checksum file is empty; releases fill it in.
-      assert {:cargo, [], why} = ExlaNative.plan(:prod)
-      assert why =~ "checksum-exla.exs lists no precompiled NIF"
+    test "installs the archive of the host when the sources are those it was built from",
+         %{tmp_dir: dir} do
+      nif = List.to_string(:erlang.system_info(:nif_version))
+      name = Artifact.name(Mix.Project.config()[:version], nif, Artifact.host_target())
+
+      File.cd!(dir, fn ->
+        # An empty checksum file, as in the repository: releases fill it in.
+        Artifact.write_checksums!(Artifact.checksum_path(dir), %{})
+        assert {:cargo, [], why} = ExlaNative.plan(:prod)
+        assert why =~ "checksum-exla.exs lists no precompiled NIF"
+
+        checksums = %{name => "sha256:aa", Artifact.sources_key() => Sources.digest(dir)}
+        Artifact.write_checksums!(Artifact.checksum_path(dir), checksums)
+        assert ExlaNative.plan(:prod) == {:precompiled, name, "sha256:aa"}
+
+        with_env([{"EXLA_NIF_TARGET", "riscv64-linux-gnu"}], fn ->
+          assert {:cargo, [], why} = ExlaNative.plan(:prod)
+          assert why =~ "no precompiled NIF for riscv64-linux-gnu"
+        end)
+
+        # The test environment builds its own NIF wherever cargo is found.
+        if System.find_executable("cargo") do
+          assert {:cargo, ["fault-injection"], _} = ExlaNative.plan(:test)
+        else
+          assert ExlaNative.plan(:test) == {:precompiled, name, "sha256:aa"}
+        end
+
+        File.mkdir_p!("native/x/src")
+        File.write!("native/x/src/lib.rs", "// changed")
+        assert {:cargo, [], why} = ExlaNative.plan(:prod)
+        assert why =~ "the native sources differ from those the precompiled NIFs were built from"
+      end)
     end
   end
 
