@@ -1,3 +1,5 @@
+Code.require_file("loopback_http.exs", __DIR__)
+
 defmodule Mix.Tasks.Compile.ExlaNativeTest do
   # Sets environment variables the compiler reads.
   use ExUnit.Case, async: false

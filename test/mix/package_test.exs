@@ -1,3 +1,5 @@
+Code.require_file("loopback_http.exs", __DIR__)
+
 defmodule EXLA.PackageTest do
   # Builds the project from exactly the files `package/0` in mix.exs lists,
   # copied into an empty folder, as a user's `mix deps.compile` would: with

@@ -1,7 +1,8 @@
 defmodule EXLA.LoopbackHTTP do
   @moduledoc false
   # A static file server on 127.0.0.1 (inets' httpd) standing in for a
-  # release page in the tests of the NIF compiler.
+  # release page in the tests of the NIF compiler. A script the tests
+  # require, not test/support: the project itself does not use inets.
 
   @doc "Serves `dir`; returns its base URL and a function that stops it."
   def serve(dir) do
