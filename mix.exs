@@ -1,7 +1,12 @@
+# The NIF compiler (and the maintainers' release tasks, which the package
+# leaves out) must exist before the project compiles: they live in mix/.
+for file <- Path.wildcard(Path.join(__DIR__, "mix/*.exs")), do: Code.require_file(file)
+
 defmodule EXLA.MixProject do
   use Mix.Project
 
   @version "0.7.2"
+  @source_url "https://github.com/exla-pjrt/exla"
 
   def project do
     [
@@ -15,6 +20,8 @@ defmodule EXLA.MixProject do
       description:
         "Nx on XLA: a tensor backend and defn compiler that drive XLA through PJRT plugins",
       docs: [main: "EXLA"],
+      source_url: @source_url,
+      package: package(),
       preferred_cli_env: [bench: :prod]
     ]
   end
@@ -36,6 +43,21 @@ defmodule EXLA.MixProject do
     ]
   end
 
+  # Exactly what a user's build reads: the Elixir sources, the NIF compiler,
+  # the native sources (Mix.ExlaNative.Sources lists them; the test plugin
+  # crate is there because the Cargo workspace names it) and the checksums
+  # of the precompiled NIFs. No tests, benches, examples or build outputs.
+  defp package do
+    [
+      licenses: ["Apache-2.0"],
+      links: %{"GitHub" => @source_url},
+      files:
+        ~w(lib mix/compile_exla_native.exs mix/exla_native_artifact.exs mix/exla_native_sources.exs) ++
+          Mix.ExlaNative.Sources.patterns() ++
+          ~w(checksum-exla.exs mix.exs README.md LICENSE)
+    ]
+  end
+
   defp elixirc_paths(:test), do: ["lib", "test/support"]
   defp elixirc_paths(_), do: ["lib"]
 
@@ -48,86 +70,4 @@ defmodule EXLA.MixProject do
       path -> [{:nx, path: path, override: true}]
     end
   end
-end
-
-defmodule Mix.Tasks.Compile.ExlaNative do
-  @moduledoc """
-  Builds the Rust NIF with cargo (release profile) and places it in `priv/`.
-
-  The test environment builds it with the `fault-injection` cargo feature
-  (a test-only NIF, see `native/exla/src/fault.rs`) in its own cargo target
-  folder, `target/fault-injection`, so switching environments does not
-  rebuild the crate each time; other environments build without it.
-  `priv/libexla.so.features` records the features of the library in
-  `priv/`.
-
-  The environment variable `EXLA_NIF_FEATURES` adds cargo features
-  (comma-separated), such as `no-tracing` for benchmarks (see
-  `bench/call_cpu_bench.exs`).
-
-  It runs cargo when a file under `native/` or a Cargo manifest is newer
-  than the library in `priv/`, or when that library was built with other
-  features; cargo itself decides what to rebuild.
-  """
-  use Mix.Task.Compiler
-
-  # The name `:erlang.load_nif/2` looks for on every Unix, macOS included.
-  @library "libexla.so"
-
-  @impl true
-  def run(_args) do
-    target = Path.join("priv", @library)
-    features = features(Mix.env())
-
-    if stale?(target, features) do
-      build!(target, features)
-    else
-      {:noop, []}
-    end
-  end
-
-  defp features(env) do
-    extra = String.split(System.get_env("EXLA_NIF_FEATURES", ""), ",", trim: true)
-    Enum.uniq(base_features(env) ++ Enum.map(extra, &String.trim/1))
-  end
-
-  defp base_features(:test), do: ["fault-injection"]
-  defp base_features(_env), do: []
-
-  defp stamp(target), do: target <> ".features"
-
-  defp stale?(target, features) do
-    sources = ["Cargo.toml" | Path.wildcard("native/**/{*.rs,*.cc,Cargo.toml}")]
-    built = File.read(stamp(target))
-    Mix.Utils.stale?(sources, [target]) or built != {:ok, Enum.join(features, ",")}
-  end
-
-  defp build!(target, features) do
-    Mix.shell().info("Compiling NIF with cargo (release#{for f <- features, do: ", " <> f})")
-    cargo = System.find_executable("cargo") || Mix.raise("cargo is required to build EXLA's NIF")
-    target_dir = Path.join(["target" | features])
-
-    args =
-      ["build", "--release", "--quiet", "-p", "exla_nif", "--target-dir", target_dir] ++
-        Enum.flat_map(features, &["--features", &1])
-
-    {_, status} = System.cmd(cargo, args, into: IO.stream(:stdio, :line), stderr_to_stdout: true)
-    if status != 0, do: Mix.raise("cargo build failed with exit status #{status}")
-
-    File.mkdir_p!("priv")
-    # Copy, then rename, so a running VM never maps a half-written file.
-    tmp = target <> ".tmp"
-    File.cp!(Path.join([target_dir, "release", cargo_library(:os.type())]), tmp)
-    File.rename!(tmp, target)
-    File.write!(stamp(target), Enum.join(features, ","))
-    {:ok, []}
-  end
-
-  @doc """
-  The file name cargo gives the NIF library on the OS `os_type` (as
-  `:os.type/0` returns it). On macOS it is a `.dylib`, which is copied to
-  `priv/libexla.so` all the same.
-  """
-  def cargo_library({:unix, :darwin}), do: "libexla.dylib"
-  def cargo_library({:unix, _}), do: @library
 end

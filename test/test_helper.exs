@@ -9,4 +9,10 @@ ExUnit.after_suite(fn _ -> File.rm_rf(cache_dir) end)
 # :slow tests take seconds each (run them with --include slow).
 # :distributed tests start peer nodes on the loopback interface (run them
 # with --include distributed).
-ExUnit.start(exclude: [:slow, :distributed])
+# :fault_injection tests need the NIF built with that cargo feature, which
+# the test environment does when cargo is installed (without it, the
+# precompiled NIF is installed); :cargo tests run cargo themselves.
+{:ok, features} = File.read(Path.join(:code.priv_dir(:exla), "libexla.so.features"))
+no_fault_injection = if features =~ "fault-injection", do: [], else: [:fault_injection]
+no_cargo = if System.find_executable("cargo"), do: [], else: [:cargo]
+ExUnit.start(exclude: [:slow, :distributed] ++ no_fault_injection ++ no_cargo)

@@ -4,6 +4,8 @@ defmodule EXLA.CallbackPanicTest do
   # handler or the replying NIF panic).
   use ExUnit.Case, async: false
 
+  @moduletag :fault_injection
+
   import Nx.Defn
 
   defn hooked(a), do: hook(a + 1, :h) * 2

@@ -17,6 +17,7 @@ defmodule EXLA.NativeErrorsTest do
     end
   end
 
+  @tag :cargo
   test "a plugin of an older PJRT C API is refused, naming both versions" do
     # A bundle (scripts/bundle) carries it built, for hosts without cargo.
     if System.find_executable("cargo") do

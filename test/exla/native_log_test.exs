@@ -230,6 +230,8 @@ defmodule EXLA.NativeLogTest do
     assert %{arguments: 1, donated: 0, outputs: 1} = meta
   end
 
+  # native_log_emit/2 is in fault-injection builds only.
+  @tag :fault_injection
   test "levels map to Logger's; trace is logged as debug" do
     NativeLog.put_level(:trace)
     for level <- 1..5, do: EXLA.NIF.native_log_emit(level, 1)
@@ -273,6 +275,8 @@ defmodule EXLA.NativeLogTest do
     assert logs =~ ~r/\[exla::compile\] compiled a program \(device: 0, mlir_bytes: \d+/
   end
 
+  # native_log_emit/2 is in fault-injection builds only.
+  @tag :fault_injection
   test "a slow receiver makes events drop, never the emitting thread wait" do
     dropped = NativeLog.dropped()
     :sys.suspend(NativeLog)
