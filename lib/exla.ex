@@ -166,15 +166,38 @@ defmodule EXLA do
 
   ## Telemetry
 
-  EXLA emits `[:exla, :compilation]` once per compilation, with the
-  measurements `:eval_time` (building the expression), `:compile_time`
-  (lowering it and compiling it with XLA) and `:total_time` (their sum), all
-  in microseconds, and the metadata `%{key: key, disk_cache: status}`
-  where `key` is the compiled function and `status` tells where the
-  executable came from: `:hit` (loaded from the compile cache on disk, and
-  `:compile_time` is the time to lower and load it), `:miss` (compiled by
-  XLA after looking on disk) or `:off` (compiled, no disk cache for this
-  call).
+  EXLA emits `[:exla, :compilation]` once per compilation, of a jitted
+  function or of an `EXLA.Backend` operation, with these measurements, all
+  in microseconds:
+
+    * `:eval_time` - building the expression (Nx's tracing of the
+      function);
+    * `:compile_time` - everything after it: lowering the expression to
+      MLIR, looking for the program in the compile cache on disk, and
+      compiling it with XLA or loading it from there;
+    * `:total_time` - their sum;
+    * `:lower_time` - of `:compile_time`, the lowering to MLIR;
+    * `:xla_compile_time` - of `:compile_time`, the PJRT plugin's compile
+      (its HLO passes and its code generation; 0 when the executable came
+      from the disk cache);
+    * `:cache_load_time` - of `:compile_time`, looking for the program in
+      the disk cache, and loading it when it is there;
+    * `:cache_write_time` - of `:compile_time`, serializing a new
+      executable and writing it to the disk cache (0 when it is not
+      written, see `EXLA.CompileCache`).
+
+  The first three are EXLA 0.7.2's. The plugin reports no timings of its
+  own through PJRT: its HLO passes and code generation per kernel can be
+  told apart in an XLA dump (`XLA_FLAGS=--xla_dump_to=DIR`, whose files are
+  written as each stage ends), as `bench/compile_split_bench.exs` does.
+
+  The metadata is `%{key: key, kind: kind, disk_cache: status}`: `key` is
+  the compiled function (for `EXLA.Backend`, the operation's name), `kind`
+  is `:jit` (`jit/2`, `compile/3` and defn) or `:backend` (an eager
+  `EXLA.Backend` operation), and `status` tells where the executable came
+  from: `:hit` (loaded from the compile cache on disk), `:miss` (compiled
+  by XLA after looking on disk) or `:off` (compiled, no disk cache for
+  this call).
 
   With `lazy_transfers: :always`, EXLA emits `[:exla, :lazy_transfer]` each
   time a running program receives an input, with the measurement `:bytes`

@@ -162,6 +162,21 @@ defmodule EXLATest do
       assert_received {[:exla, :compilation], ^ref, _, _}
     end
 
+    test "splits :compile_time into its stages and tells jit from EXLA.Backend", %{ref: ref} do
+      fun = adder(41)
+      EXLA.jit(fun, cache: false).(on_device([1.0]))
+      assert_received {[:exla, :compilation], ^ref, m, %{kind: :jit, disk_cache: :off}}
+      assert m.lower_time > 0 and m.xla_compile_time > 0
+      assert m.cache_load_time == 0 and m.cache_write_time == 0
+      assert m.lower_time + m.xla_compile_time <= m.compile_time
+
+      # An operation shape no other test uses: compiled here, eagerly.
+      t = Nx.iota({4, 1, 3, 1, 7}, backend: EXLA.Backend)
+      assert Nx.to_flat_list(Nx.negate(t)) == Enum.map(0..83, &(-&1))
+      assert_received {[:exla, :compilation], ^ref, m, %{kind: :backend, key: :negate}}
+      assert m.lower_time > 0 and m.xla_compile_time > 0
+    end
+
     test "cache: false compiles every time", %{ref: ref} do
       fun = adder(5)
       x = on_device([1.0])

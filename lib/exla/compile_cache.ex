@@ -129,26 +129,33 @@ defmodule EXLA.CompileCache do
   def compile(client, mlir, opts, cache) do
     case location(cache) do
       nil ->
-        {Executable.compile(client, mlir, opts), :off}
+        {xla_compile(client, mlir, opts), :off}
 
       location ->
         key = key(client, mlir, opts)
         path = entry_path(location, key)
 
-        case read(client, path, key) do
+        case EXLA.CompileTimer.measure(:cache_load_time, fn -> read(client, path, key) end) do
           {:ok, executable} ->
             if match?({:dir, _}, location), do: File.touch(path)
             {executable, :hit}
 
           {:miss, write_always?} ->
-            {time, executable} = :timer.tc(fn -> Executable.compile(client, mlir, opts) end)
+            {time, executable} = :timer.tc(fn -> xla_compile(client, mlir, opts) end)
 
             if write_always? or match?({:file, _}, location) or time >= min_compile_time() * 1000,
-              do: write(location, path, executable, key)
+              do:
+                EXLA.CompileTimer.measure(:cache_write_time, fn ->
+                  write(location, path, executable, key)
+                end)
 
             {executable, :miss}
         end
     end
+  end
+
+  defp xla_compile(client, mlir, opts) do
+    EXLA.CompileTimer.measure(:xla_compile_time, fn -> Executable.compile(client, mlir, opts) end)
   end
 
   defp location(false), do: nil

@@ -294,8 +294,8 @@ defmodule EXLA.Defn do
       Logger.debug("EXLA defn evaluation #{inspect(key)} cache miss in #{ms(eval_time)}ms")
     end
 
-    {compile_time, {compiled, disk_cache}} =
-      :timer.tc(fn -> compile_expr(key, expr, vars, opts) end)
+    {compile_time, {{compiled, disk_cache}, stages}} =
+      :timer.tc(fn -> EXLA.CompileTimer.collect(fn -> compile_expr(key, expr, vars, opts) end) end)
 
     if opts[:debug] do
       Logger.debug(
@@ -306,18 +306,38 @@ defmodule EXLA.Defn do
 
     :telemetry.execute(
       [:exla, :compilation],
-      %{eval_time: eval_time, compile_time: compile_time, total_time: eval_time + compile_time},
-      %{key: key, disk_cache: disk_cache}
+      compilation_measurements(eval_time, compile_time, stages),
+      %{key: key, disk_cache: disk_cache, kind: compilation_kind(opts)}
     )
 
     compiled
   end
 
+  # EXLA 0.7.2's three measurements, and the stages of :compile_time.
+  defp compilation_measurements(eval_time, compile_time, stages) do
+    stages =
+      Map.merge(
+        %{lower_time: 0, xla_compile_time: 0, cache_load_time: 0, cache_write_time: 0},
+        stages
+      )
+
+    Map.merge(stages, %{
+      eval_time: eval_time,
+      compile_time: compile_time,
+      total_time: eval_time + compile_time
+    })
+  end
+
+  defp compilation_kind(opts), do: if(opts[:cache_kind] == :bounded, do: :backend, else: :jit)
+
   # Returns the compiled program and where its executable came from (see
   # EXLA.CompileCache.compile/4).
   defp compile_expr(key, expr, vars, opts) do
     client = EXLA.Client.fetch!(opts[:client])
-    %{mlir_module: mlir} = lowered = lower(expr, vars, opts)
+
+    %{mlir_module: mlir} =
+      lowered = EXLA.CompileTimer.measure(:lower_time, fn -> lower(expr, vars, opts) end)
+
     # A lazy program's sites carry `:lazy` (see lazy_variants/4).
     callbacks =
       cond do
