@@ -38,15 +38,25 @@ defmodule EXLA.CompileCache do
     * `:cache_max_size` - the most bytes the directory's executables may
       take. When a new one would exceed it, the least recently used ones
       (by the modification time of their files, which a hit refreshes)
-      are removed. Defaults to 1 GiB.
+      are removed. Defaults to the environment variable
+      `EXLA_CACHE_MAX_SIZE` (bytes, or a number followed by `K`, `M`, `G`
+      or `T` for KiB, MiB, GiB or TiB: `EXLA_CACHE_MAX_SIZE=512M`), else
+      1 GiB.
 
     * `:cache_min_compile_time` - in milliseconds: programs that compile
       faster than this are not written (as JAX's
-      `jax_persistent_cache_min_compile_time_secs`). Defaults to 100: the
-      per-operation programs of `EXLA.Backend` and other tiny programs
-      compile in 10 to 50 ms, and writing them all would fill the
+      `jax_persistent_cache_min_compile_time_secs`). Defaults to the
+      environment variable `EXLA_CACHE_MIN_COMPILE_TIME` (milliseconds),
+      else 100: the per-operation programs of `EXLA.Backend` and other tiny
+      programs compile in 10 to 50 ms, and writing them all would fill the
       directory with files whose loading saves little. `0` writes every
       program.
+
+  Both limits are read at each write, so the environment variables set
+  them without touching the application's configuration
+  (`EXLA_CACHE_MAX_SIZE=200M mix test`); a value that is not a
+  non-negative integer (with a unit, for the size) raises `ArgumentError`
+  at the first compilation that needs it.
 
   The `:cache` option of `EXLA.jit/2` and friends chooses per call:
   `true` (the default) uses the directory above, `false` compiles afresh
@@ -92,12 +102,9 @@ defmodule EXLA.CompileCache do
   """
 
   require Logger
-  import Bitwise, only: [<<<: 2]
 
   alias EXLA.Executable
-
-  @default_max_size 1 <<< 30
-  @default_min_compile_time 100
+  alias EXLA.CompileCache.Config
   @suffix ".exla"
   # Temporary files older than this are left over by VMs that died while
   # writing, and are removed when the directory is trimmed.
@@ -143,11 +150,12 @@ defmodule EXLA.CompileCache do
           {:miss, write_always?} ->
             {time, executable} = :timer.tc(fn -> xla_compile(client, mlir, opts) end)
 
-            if write_always? or match?({:file, _}, location) or time >= min_compile_time() * 1000,
-              do:
-                EXLA.CompileTimer.measure(:cache_write_time, fn ->
-                  write(location, path, executable, key)
-                end)
+            if write_always? or match?({:file, _}, location) or
+                 time >= Config.min_compile_time() * 1000,
+               do:
+                 EXLA.CompileTimer.measure(:cache_write_time, fn ->
+                   write(location, path, executable, key)
+                 end)
 
             {executable, :miss}
         end
@@ -225,7 +233,7 @@ defmodule EXLA.CompileCache do
       binary ->
         case location do
           {:dir, dir} ->
-            max_size = max_size()
+            max_size = Config.max_size()
 
             if byte_size(binary) <= max_size do
               write_atomically(path, binary)
@@ -318,23 +326,6 @@ defmodule EXLA.CompileCache do
     end
 
     :ok
-  end
-
-  defp max_size do
-    case Application.get_env(:exla, :cache_max_size, @default_max_size) do
-      size when is_integer(size) and size >= 0 -> size
-      other -> raise ArgumentError, bad_config(:cache_max_size, "a number of bytes", other)
-    end
-  end
-
-  defp min_compile_time do
-    case Application.get_env(:exla, :cache_min_compile_time, @default_min_compile_time) do
-      ms when is_integer(ms) and ms >= 0 ->
-        ms
-
-      other ->
-        raise ArgumentError, bad_config(:cache_min_compile_time, "milliseconds (integer)", other)
-    end
   end
 
   defp bad_config(key, expected, value) do

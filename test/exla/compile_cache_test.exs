@@ -3,6 +3,7 @@ defmodule EXLA.CompileCacheTest do
   use ExUnit.Case, async: false
 
   import ExUnit.CaptureLog
+  import Bitwise, only: [<<<: 2]
 
   alias EXLA.{CompileCache, DeviceBuffer, Executable, Shape}
   alias EXLA.Executable.Sealed
@@ -318,6 +319,67 @@ defmodule EXLA.CompileCacheTest do
       Application.delete_env(:exla, :cache_max_size)
       Application.put_env(:exla, :cache_min_compile_time, 0)
       File.rm_rf!(dir)
+    end
+  end
+
+  describe "limits from the environment" do
+    alias EXLA.CompileCache.Config
+
+    defp with_env(name, value, fun) do
+      previous = System.get_env(name)
+      System.put_env(name, value)
+
+      try do
+        fun.()
+      after
+        if previous, do: System.put_env(name, previous), else: System.delete_env(name)
+      end
+    end
+
+    test "EXLA_CACHE_MAX_SIZE takes bytes or K, M, G, T; the config wins over it" do
+      for {value, bytes} <- [{"1000", 1000}, {"512M", 512 <<< 20}, {" 2g ", 2 <<< 30}, {"0", 0}] do
+        with_env("EXLA_CACHE_MAX_SIZE", value, fn -> assert Config.max_size() == bytes end)
+      end
+
+      with_env("EXLA_CACHE_MAX_SIZE", "5K", fn ->
+        Application.put_env(:exla, :cache_max_size, 7)
+        assert Config.max_size() == 7
+      end)
+    end
+
+    test "EXLA_CACHE_MIN_COMPILE_TIME takes milliseconds; the config wins over it" do
+      Application.delete_env(:exla, :cache_min_compile_time)
+
+      with_env("EXLA_CACHE_MIN_COMPILE_TIME", "250", fn ->
+        assert Config.min_compile_time() == 250
+      end)
+
+      Application.put_env(:exla, :cache_min_compile_time, 0)
+
+      with_env("EXLA_CACHE_MIN_COMPILE_TIME", "250", fn ->
+        assert Config.min_compile_time() == 0
+      end)
+    end
+
+    test "bad values raise, naming the variable", %{client: client} do
+      for {name, value} <- [
+            {"EXLA_CACHE_MAX_SIZE", "-1"},
+            {"EXLA_CACHE_MAX_SIZE", "12Q"},
+            {"EXLA_CACHE_MAX_SIZE", "lots"},
+            {"EXLA_CACHE_MIN_COMPILE_TIME", "0.5"},
+            {"EXLA_CACHE_MIN_COMPILE_TIME", ""}
+          ] do
+        # The size is read when a program is written: every one is.
+        if name == "EXLA_CACHE_MAX_SIZE",
+          do: Application.put_env(:exla, :cache_min_compile_time, 0),
+          else: Application.delete_env(:exla, :cache_min_compile_time)
+
+        with_env(name, value, fn ->
+          assert_raise ArgumentError, ~r/environment variable #{name} to be/, fn ->
+            CompileCache.compile(client, program(3.0), [], true)
+          end
+        end)
+      end
     end
   end
 
