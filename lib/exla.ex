@@ -196,8 +196,10 @@ defmodule EXLA do
   is `:jit` (`jit/2`, `compile/3` and defn) or `:backend` (an eager
   `EXLA.Backend` operation), and `status` tells where the executable came
   from: `:hit` (loaded from the compile cache on disk), `:miss` (compiled
-  by XLA after looking on disk) or `:off` (compiled, no disk cache for
-  this call).
+  by XLA after looking on disk), `:off` (compiled, no disk cache for this
+  call) or `:memory` (the executable of a program with the same MLIR text,
+  compiled or loaded before in this VM, as happens for closures made anew
+  for each call; see `EXLA.CompileCache`).
 
   With `lazy_transfers: :always`, EXLA emits `[:exla, :lazy_transfer]` each
   time a running program receives an input, with the measurement `:bytes`

@@ -177,6 +177,35 @@ defmodule EXLATest do
       assert m.lower_time > 0 and m.xla_compile_time > 0
     end
 
+    test "a program with the same MLIR as one compiled before takes its executable",
+         %{ref: ref} do
+      parent = self()
+      x = on_device([1.0, 27.0])
+      # Two closures (two jit keys) lowering to one text; each keeps its hook.
+      hooked = fn tag ->
+        fn x -> x |> Nx.multiply(7) |> Nx.Defn.Kernel.hook(&send(parent, {tag, &1})) end
+      end
+
+      assert to_list(EXLA.jit(hooked.(:first)).(x)) == [7.0, 189.0]
+      # (or from disk, when another run wrote it)
+      assert_received {[:exla, :compilation], ^ref, m, %{disk_cache: first}}
+      assert first in [:miss, :hit, :off]
+      if first != :hit, do: assert(m.xla_compile_time > 0)
+      assert_receive {:first, _}
+
+      assert to_list(EXLA.jit(hooked.(:second)).(x)) == [7.0, 189.0]
+      assert_received {[:exla, :compilation], ^ref, m, %{disk_cache: :memory}}
+      assert m.xla_compile_time == 0
+      assert_receive {:second, seen}
+      assert to_list(seen) == [7.0, 189.0]
+      refute_received {:first, _}
+
+      # cache: false neither uses nor keeps them
+      EXLA.jit(hooked.(:third), cache: false).(x)
+      assert_received {[:exla, :compilation], ^ref, m, %{disk_cache: :off}}
+      assert m.xla_compile_time > 0
+    end
+
     test "cache: false compiles every time", %{ref: ref} do
       fun = adder(5)
       x = on_device([1.0])

@@ -67,6 +67,17 @@ defmodule EXLA.CompileCache do
   program, so a function called with several argument shapes should use
   the directory instead.
 
+  ## In memory
+
+  Within a VM, a program whose MLIR text is one compiled (or loaded)
+  before for the same client, device, replicas and partitions gets that
+  executable, with neither a compile nor a look on disk: the jit and
+  `EXLA.Backend` caches are keyed by what a program is made from (the
+  function, which is new for every closure made anew, the operation and
+  its static arguments), and different keys often lower to the same text.
+  The executable is the one the compile would give. The last 512 are kept;
+  only `cache: true` (the default) uses them.
+
   ## The key
 
   A cached executable is found by a SHA-256 of everything that changes

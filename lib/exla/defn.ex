@@ -359,7 +359,7 @@ defmodule EXLA.Defn do
       output_shapes: lowered.output_shapes
     ]
 
-    {exe, disk_cache} = EXLA.CompileCache.compile(client, mlir, compile_opts, opts[:cache])
+    {exe, disk_cache} = EXLA.CompileCache.Memory.compile(client, mlir, compile_opts, opts[:cache])
     output = Composite.traverse(expr, &%{&1 | data: %Nx.TemplateBackend{}})
     donated = donated_inputs(vars, opts[:donate])
     {input_shapes, donate} = parameters(vars, lowered.used_inputs, donated, opts)

@@ -18,6 +18,8 @@ defmodule EXLA.CompileCacheTest do
     Application.put_env(:exla, :cache_dir, dir)
     Application.put_env(:exla, :cache_min_compile_time, 0)
     Application.delete_env(:exla, :cache_max_size)
+    # These tests are about the disk: programs of other tests are forgotten.
+    EXLA.CompileCache.Memory.clear()
 
     on_exit(fn ->
       for {key, value} <- previous do
@@ -402,7 +404,13 @@ defmodule EXLA.CompileCacheTest do
       assert_received {[:exla, :compilation], ^ref, _, %{disk_cache: :miss}}
       assert [_] = entries(dir)
 
+      # The same program again in this VM: its executable, without looking on disk.
       assert same?(second.(x), Nx.exp(Nx.cos(x)))
+      assert_received {[:exla, :compilation], ^ref, m, %{disk_cache: :memory}}
+      assert m.xla_compile_time == 0 and m.cache_load_time == 0
+
+      EXLA.CompileCache.Memory.clear()
+      assert same?(EXLA.jit(fn x -> Nx.exp(Nx.cos(x)) end).(x), Nx.exp(Nx.cos(x)))
       assert_received {[:exla, :compilation], ^ref, _, %{disk_cache: :hit}}
 
       EXLA.jit(fn x -> Nx.exp(Nx.cos(x)) end, cache: false).(x)
@@ -440,6 +448,7 @@ defmodule EXLA.CompileCacheTest do
       assert_receive {:seen, seen}
       assert same?(seen, Nx.sqrt(x))
 
+      EXLA.CompileCache.Memory.clear()
       assert same?(second.(x), Nx.sqrt(x))
       assert_received {[:exla, :compilation], ^ref, _, %{disk_cache: :hit}}
       assert_receive {:seen, again}
