@@ -115,7 +115,7 @@ defmodule EXLA.CompileCache do
   require Logger
 
   alias EXLA.Executable
-  alias EXLA.CompileCache.Config
+  alias EXLA.CompileCache.{Config, Usage}
   @suffix ".exla"
   # Temporary files older than this are left over by VMs that died while
   # writing, and are removed when the directory is trimmed.
@@ -248,7 +248,9 @@ defmodule EXLA.CompileCache do
 
             if byte_size(binary) <= max_size do
               write_atomically(path, binary)
-              trim(dir, max_size)
+
+              if Usage.written?(dir, byte_size(binary), max_size),
+                do: Usage.scanned(dir, trim(dir, max_size))
             end
 
           {:file, _} ->
@@ -277,6 +279,7 @@ defmodule EXLA.CompileCache do
   @doc false
   # Removes the least recently used executables of `dir` until they take at
   # most `max_size` bytes, and temporary files left over by dead writers.
+  # Returns the bytes of the executables left.
   def trim(dir, max_size) do
     now = System.os_time(:second)
 
@@ -300,8 +303,6 @@ defmodule EXLA.CompileCache do
         {:halt, total}
       end
     end)
-
-    :ok
   end
 
   defp list(dir) do

@@ -284,6 +284,20 @@ defmodule EXLA.CompileCacheTest do
     refute File.exists?(path.(4.0))
   end
 
+  test "a write scans the directory only when it may be over the limit, or every 64 writes",
+       %{dir: dir} do
+    alias EXLA.CompileCache.Usage
+    # Never scanned by this VM: scan.
+    assert Usage.written?(dir, 10, 100)
+    Usage.scanned(dir, 50)
+    refute Usage.written?(dir, 10, 100)
+    # 50 + 10 + 41 > 100
+    assert Usage.written?(dir, 41, 100)
+    Usage.scanned(dir, 0)
+    for _ <- 1..63, do: refute(Usage.written?(dir, 1, 100))
+    assert Usage.written?(dir, 1, 100)
+  end
+
   test "trimming removes temporary files left over by dead writers", %{dir: dir} do
     stale = Path.join(dir, ".tmp-1-1")
     fresh = Path.join(dir, ".tmp-1-2")
