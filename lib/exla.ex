@@ -189,7 +189,8 @@ defmodule EXLA do
   The first three are EXLA 0.7.2's. The plugin reports no timings of its
   own through PJRT: its HLO passes and code generation per kernel can be
   told apart in an XLA dump (`XLA_FLAGS=--xla_dump_to=DIR`, whose files are
-  written as each stage ends), as `bench/compile_split_bench.exs` does.
+  written as each stage ends), as `bench/scholar_bench.exs` does with
+  `BENCH_DUMP=1`.
 
   The metadata is `%{key: key, kind: kind, disk_cache: status}`: `key` is
   the compiled function (for `EXLA.Backend`, the operation's name), `kind`
