@@ -340,17 +340,7 @@ defmodule EXLA.CompileCacheTest do
 
   describe "limits from the environment" do
     alias EXLA.CompileCache.Config
-
-    defp with_env(name, value, fun) do
-      previous = System.get_env(name)
-      System.put_env(name, value)
-
-      try do
-        fun.()
-      after
-        if previous, do: System.put_env(name, previous), else: System.delete_env(name)
-      end
-    end
+    import EXLA.TestEnv, only: [with_env: 3]
 
     test "EXLA_CACHE_MAX_SIZE takes bytes or K, M, G, T; the config wins over it" do
       for {value, bytes} <- [{"1000", 1000}, {"512M", 512 <<< 20}, {" 2g ", 2 <<< 30}, {"0", 0}] do

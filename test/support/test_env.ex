@@ -1,0 +1,19 @@
+defmodule EXLA.TestEnv do
+  @moduledoc false
+  # Operating-system environment variables for the length of a function.
+
+  @doc """
+  Runs `fun` with the variable `name` set to `value` (removed when `value`
+  is nil), and puts back what was there before.
+  """
+  def with_env(name, value, fun) do
+    old = System.get_env(name)
+    if value, do: System.put_env(name, value), else: System.delete_env(name)
+
+    try do
+      fun.()
+    after
+      if old, do: System.put_env(name, old), else: System.delete_env(name)
+    end
+  end
+end
