@@ -145,7 +145,10 @@ defmodule EXLA do
   and lowers the function, a few milliseconds, to find them). It is on by
   default; `config :exla, :cache_dir, false` turns it off, and its module
   documentation gives its settings and how a damaged or foreign file is
-  refused.
+  refused. Its size limit and the shortest compile worth writing are also
+  set by the environment variables `EXLA_CACHE_MAX_SIZE` (such as `512M`)
+  and `EXLA_CACHE_MIN_COMPILE_TIME` (milliseconds). Within a VM, programs
+  that lower to the same MLIR text share one executable.
 
   ## Distribution
 
