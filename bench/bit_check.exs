@@ -179,6 +179,10 @@ defmodule BitCheck do
     acc
   end
 
+  def count_compile(_event, measurements, _metadata, counter) do
+    :counters.add(counter, 1, measurements[:xla_compile_time] || 0)
+  end
+
   def hash(result) do
     binaries =
       [result]
@@ -202,15 +206,7 @@ defmodule BitCheck do
 end
 
 xla_time = :counters.new(1, [])
-
-:telemetry.attach(
-  "bit-check",
-  [:exla, :compilation],
-  fn _, m, _, _ ->
-    :counters.add(xla_time, 1, m[:xla_compile_time] || 0)
-  end,
-  nil
-)
+:telemetry.attach("bit-check", [:exla, :compilation], &BitCheck.count_compile/4, xla_time)
 
 # CPU time of the whole OS process (all threads, the plugin's included), in
 # ms: a loaded machine disturbs it less than wall time.
