@@ -10,6 +10,7 @@ defmodule EXLA.Application do
       {EXLA.Client, []},
       EXLA.Defn.LockedCache,
       EXLA.CompileCache.Memory,
+      EXLA.CompileCache.Writer,
       {Task, &preload_code/0}
     ]
 
