@@ -52,7 +52,7 @@ defmodule EXLA.CompileCache do
       directory with files whose loading saves little. `0` writes every
       program.
 
-  How large it grows: Scholar's test suite (about a thousand distinct
+  How large it grows: Scholar's test suite (about 900 distinct
   programs, a third of them `EXLA.Backend` operations) wrote 853 files,
   56.5 MB, into an empty directory on a loaded 2-core machine, and a second
   run 30 more (programs whose compile time crossed
