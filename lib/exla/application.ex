@@ -31,14 +31,10 @@ defmodule EXLA.Application do
   # native work the VM must not exit under: C++ exit handlers free global
   # tables of the plugin that a compile, or oneDNN's code generation in a
   # plugin warm-up (EXLA.Client.WarmUp), is using, and the VM crashes
-  # (segfault). It also waits for the programs still being written to the
-  # disk cache (EXLA.CompileCache.Writer). Runs are not waited for (a run
-  # may wait for a BEAM process, as host callbacks do). `System.halt/1`
-  # waits for nothing.
+  # (segfault). Runs are not waited for (a run may wait for a BEAM
+  # process, as host callbacks do). `System.halt/1` waits for nothing.
   def await_native_work(timeout \\ 10_000) do
     EXLA.Client.WarmUp.await(timeout)
-    # Programs compiled last are still being written to the disk cache.
-    EXLA.CompileCache.Writer.flush(timeout)
     EXLA.NIF.compiles_wait_idle(timeout)
     :ok
   end

@@ -8,12 +8,9 @@ defmodule EXLA.CompileCache.Writer do
   # the caller cost 40% as much as compiling (`bench/scholar_bench.md`).
   #
   # A program a VM asks for again meanwhile is served from memory (see
-  # `EXLA.CompileCache.Memory`) or compiled again. The end of a script or
-  # of the application waits for the writes (at most 10 seconds, see
-  # `EXLA.Application.await_native_work/1`): a test suite ends right after
-  # its last compiles, and its programs would otherwise be lost. A VM that
-  # ends without waiting leaves writes undone (or a temporary file, removed
-  # later by a trim), which costs the next VM a compile and nothing else.
+  # `EXLA.CompileCache.Memory`) or compiled again; a VM that ends first
+  # leaves the write undone (or a temporary file, removed later by a trim),
+  # which costs the next VM a compile and nothing else.
   use GenServer
   require Logger
 
@@ -32,15 +29,10 @@ defmodule EXLA.CompileCache.Writer do
     :ok
   end
 
-  @doc """
-  Waits until the writes asked for before (by this process, or by any
-  before this call) are done, for at most `timeout` milliseconds.
-  """
-  def flush(timeout \\ :infinity) do
-    if GenServer.whereis(__MODULE__), do: GenServer.call(__MODULE__, :flush, timeout)
+  @doc "Waits until the writes this process asked for before are done."
+  def flush do
+    if GenServer.whereis(__MODULE__), do: GenServer.call(__MODULE__, :flush, :infinity)
     :ok
-  catch
-    :exit, _ -> :ok
   end
 
   @impl true
