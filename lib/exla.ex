@@ -186,10 +186,8 @@ defmodule EXLA do
     * `:cache_load_time` - of `:compile_time`, looking for the program in
       the disk cache, and loading it when it is there;
     * `:cache_write_time` - of `:compile_time`, serializing a new
-      executable and writing it to the disk cache when the call waits for
-      it (a `:cache` file path); 0 when it is not written or written in the
-      background, as the cache directory's programs are (see
-      `EXLA.CompileCache`).
+      executable and writing it to the disk cache (0 when it is not
+      written, see `EXLA.CompileCache`).
 
   The first three are EXLA 0.7.2's. The plugin reports no timings of its
   own through PJRT: its HLO passes and code generation per kernel can be

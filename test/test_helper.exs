@@ -4,11 +4,7 @@
 # compiles the same text).
 cache_dir = Path.join(System.tmp_dir!(), "exla-test-cache-#{System.unique_integer([:positive])}")
 Application.put_env(:exla, :cache_dir, cache_dir)
-
-ExUnit.after_suite(fn _ ->
-  EXLA.CompileCache.Writer.flush()
-  File.rm_rf(cache_dir)
-end)
+ExUnit.after_suite(fn _ -> File.rm_rf(cache_dir) end)
 
 # :slow tests take seconds each (run them with --include slow).
 # :distributed tests start peer nodes on the loopback interface (run them

@@ -10,7 +10,6 @@ defmodule EXLA.Application do
       {EXLA.Client, []},
       EXLA.Defn.LockedCache,
       EXLA.CompileCache.Memory,
-      EXLA.CompileCache.Writer,
       {Task, &preload_code/0}
     ]
 

@@ -115,14 +115,6 @@ defmodule EXLA.CompileCache do
   key is never given to the plugin: EXLA logs a warning, compiles the
   program and replaces the file.
 
-  The programs of `EXLA.jit/2`, `EXLA.compile/3` and `EXLA.Backend` are
-  written in the background, by one process of EXLA's application, after
-  the call that compiled them has its executable: the serialization and the
-  write cost as much as 40% of the compile on a loaded machine (serializing
-  waits for the plugin's compile threads), and a cold cache would otherwise
-  be slower than none. A VM that ends before a write is done leaves that
-  program unwritten.
-
   Files are written to a temporary name in the same directory and renamed
   into place, which replaces atomically: several VMs compiling the same
   program at once each write a whole file, and a reader sees either none
@@ -134,7 +126,7 @@ defmodule EXLA.CompileCache do
   require Logger
 
   alias EXLA.Executable
-  alias EXLA.CompileCache.{Config, Usage, Writer}
+  alias EXLA.CompileCache.{Config, Usage}
   @suffix ".exla"
   # Temporary files older than this are left over by VMs that died while
   # writing, and are removed when the directory is trimmed.
@@ -163,10 +155,7 @@ defmodule EXLA.CompileCache do
   # `:input_shapes` and `:output_shapes`, when given, must be those of
   # `mlir`'s signature (as the lowering's are): the key hashes the text, so
   # a file with this key has them, and they are not compared again.
-  # With `write_mode` `:background`, a new executable is written to the
-  # directory by EXLA.CompileCache.Writer, after this returns (a file path
-  # given as `cache` is always written before).
-  def compile(client, mlir, opts, cache, write_mode \\ :now) do
+  def compile(client, mlir, opts, cache) do
     case location(cache) do
       nil ->
         {xla_compile(client, mlir, opts), :off}
@@ -183,21 +172,12 @@ defmodule EXLA.CompileCache do
           {:miss, write_always?} ->
             {time, executable} = :timer.tc(fn -> xla_compile(client, mlir, opts) end)
 
-            cond do
-              not (write_always? or match?({:file, _}, location) or
-                       time >= Config.min_compile_time() * 1000) ->
-                :ok
-
-              write_mode == :background and match?({:dir, _}, location) ->
-                # Read here, so that a bad setting raises in the caller.
-                Config.max_size()
-                Writer.write(fn -> write(location, path, executable, key) end)
-
-              true ->
-                EXLA.CompileTimer.measure(:cache_write_time, fn ->
-                  write(location, path, executable, key)
-                end)
-            end
+            if write_always? or match?({:file, _}, location) or
+                 time >= Config.min_compile_time() * 1000,
+               do:
+                 EXLA.CompileTimer.measure(:cache_write_time, fn ->
+                   write(location, path, executable, key)
+                 end)
 
             {executable, :miss}
         end

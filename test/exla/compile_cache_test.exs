@@ -298,24 +298,6 @@ defmodule EXLA.CompileCacheTest do
     assert Usage.written?(dir, 1, 100)
   end
 
-  test "a background write that fails is logged, and later writes go on", %{dir: dir} do
-    alias EXLA.CompileCache.Writer
-    pid = Process.whereis(Writer)
-
-    log =
-      capture_log(fn ->
-        Writer.write(fn -> raise "no room" end)
-        Writer.flush()
-      end)
-
-    assert log =~ "EXLA's compile cache could not write a program"
-    assert log =~ "no room"
-    Writer.write(fn -> File.write!(Path.join(dir, "later"), "") end)
-    Writer.flush()
-    assert File.exists?(Path.join(dir, "later"))
-    assert Process.whereis(Writer) == pid
-  end
-
   test "trimming removes temporary files left over by dead writers", %{dir: dir} do
     stale = Path.join(dir, ".tmp-1-1")
     fresh = Path.join(dir, ".tmp-1-2")
@@ -424,8 +406,6 @@ defmodule EXLA.CompileCacheTest do
 
       assert same?(first.(x), Nx.exp(Nx.cos(x)))
       assert_received {[:exla, :compilation], ^ref, _, %{disk_cache: :miss}}
-      # jit's programs are written in the background
-      EXLA.CompileCache.Writer.flush()
       assert [_] = entries(dir)
 
       # The same program again in this VM: its executable, without looking on disk.
@@ -472,7 +452,6 @@ defmodule EXLA.CompileCacheTest do
       assert_receive {:seen, seen}
       assert same?(seen, Nx.sqrt(x))
 
-      EXLA.CompileCache.Writer.flush()
       EXLA.CompileCache.Memory.clear()
       assert same?(second.(x), Nx.sqrt(x))
       assert_received {[:exla, :compilation], ^ref, _, %{disk_cache: :hit}}

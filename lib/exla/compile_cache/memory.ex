@@ -28,8 +28,7 @@ defmodule EXLA.CompileCache.Memory do
   @doc """
   As `EXLA.CompileCache.compile/4`, but with `cache: true` it first looks
   for the executable of the same program here (the status is then
-  `:memory`), keeps what it returns, and writes a new executable to the
-  disk cache in the background. `cache: false` keeps nothing and
+  `:memory`), and keeps what it returns. `cache: false` keeps nothing and
   a file path asks for that file to be read or written, so these only
   call that.
   """
@@ -39,7 +38,7 @@ defmodule EXLA.CompileCache.Memory do
   def compile(client, mlir, opts, cache) do
     case get(client, mlir, opts) do
       nil ->
-        {executable, status} = EXLA.CompileCache.compile(client, mlir, opts, cache, :background)
+        {executable, status} = EXLA.CompileCache.compile(client, mlir, opts, cache)
         put(client, mlir, opts, executable)
         {executable, status}
 
