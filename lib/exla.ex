@@ -145,7 +145,10 @@ defmodule EXLA do
   and lowers the function, a few milliseconds, to find them). It is on by
   default; `config :exla, :cache_dir, false` turns it off, and its module
   documentation gives its settings and how a damaged or foreign file is
-  refused.
+  refused. Its size limit and the shortest compile worth writing are also
+  set by the environment variables `EXLA_CACHE_MAX_SIZE` (such as `512M`)
+  and `EXLA_CACHE_MIN_COMPILE_TIME` (milliseconds). Within a VM, programs
+  that lower to the same MLIR text share one executable.
 
   ## Distribution
 
@@ -166,15 +169,41 @@ defmodule EXLA do
 
   ## Telemetry
 
-  EXLA emits `[:exla, :compilation]` once per compilation, with the
-  measurements `:eval_time` (building the expression), `:compile_time`
-  (lowering it and compiling it with XLA) and `:total_time` (their sum), all
-  in microseconds, and the metadata `%{key: key, disk_cache: status}`
-  where `key` is the compiled function and `status` tells where the
-  executable came from: `:hit` (loaded from the compile cache on disk, and
-  `:compile_time` is the time to lower and load it), `:miss` (compiled by
-  XLA after looking on disk) or `:off` (compiled, no disk cache for this
-  call).
+  EXLA emits `[:exla, :compilation]` once per compilation, of a jitted
+  function or of an `EXLA.Backend` operation, with these measurements, all
+  in microseconds:
+
+    * `:eval_time` - building the expression (Nx's tracing of the
+      function);
+    * `:compile_time` - everything after it: lowering the expression to
+      MLIR, looking for the program in the compile cache on disk, and
+      compiling it with XLA or loading it from there;
+    * `:total_time` - their sum;
+    * `:lower_time` - of `:compile_time`, the lowering to MLIR;
+    * `:xla_compile_time` - of `:compile_time`, the PJRT plugin's compile
+      (its HLO passes and its code generation; 0 when the executable came
+      from the disk cache);
+    * `:cache_load_time` - of `:compile_time`, looking for the program in
+      the disk cache, and loading it when it is there;
+    * `:cache_write_time` - of `:compile_time`, serializing a new
+      executable and writing it to the disk cache (0 when it is not
+      written, see `EXLA.CompileCache`).
+
+  The first three are EXLA 0.7.2's. The plugin reports no timings of its
+  own through PJRT: its HLO passes and code generation per kernel can be
+  told apart in an XLA dump (`XLA_FLAGS=--xla_dump_to=DIR`, whose files are
+  written as each stage ends), as `bench/scholar_bench.exs` does with
+  `BENCH_DUMP=1`.
+
+  The metadata is `%{key: key, kind: kind, disk_cache: status}`: `key` is
+  the compiled function (for `EXLA.Backend`, the operation's name), `kind`
+  is `:jit` (`jit/2`, `compile/3` and defn) or `:backend` (an eager
+  `EXLA.Backend` operation), and `status` tells where the executable came
+  from: `:hit` (loaded from the compile cache on disk), `:miss` (compiled
+  by XLA after looking on disk), `:off` (compiled, no disk cache for this
+  call) or `:memory` (the executable of a program with the same MLIR text,
+  compiled or loaded before in this VM, as happens for closures made anew
+  for each call; see `EXLA.CompileCache`).
 
   With `lazy_transfers: :always`, EXLA emits `[:exla, :lazy_transfer]` each
   time a running program receives an input, with the measurement `:bytes`

@@ -162,6 +162,50 @@ defmodule EXLATest do
       assert_received {[:exla, :compilation], ^ref, _, _}
     end
 
+    test "splits :compile_time into its stages and tells jit from EXLA.Backend", %{ref: ref} do
+      fun = adder(41)
+      EXLA.jit(fun, cache: false).(on_device([1.0]))
+      assert_received {[:exla, :compilation], ^ref, m, %{kind: :jit, disk_cache: :off}}
+      assert m.lower_time > 0 and m.xla_compile_time > 0
+      assert m.cache_load_time == 0 and m.cache_write_time == 0
+      assert m.lower_time + m.xla_compile_time <= m.compile_time
+
+      # An operation shape no other test uses: compiled here, eagerly.
+      t = Nx.iota({4, 1, 3, 1, 7}, backend: EXLA.Backend)
+      assert Nx.to_flat_list(Nx.negate(t)) == Enum.map(0..83, &(-&1))
+      assert_received {[:exla, :compilation], ^ref, m, %{kind: :backend, key: :negate}}
+      assert m.lower_time > 0 and m.xla_compile_time > 0
+    end
+
+    test "a program with the same MLIR as one compiled before takes its executable",
+         %{ref: ref} do
+      parent = self()
+      x = on_device([1.0, 27.0])
+      # Two closures (two jit keys) lowering to one text; each keeps its hook.
+      hooked = fn tag ->
+        fn x -> x |> Nx.multiply(7) |> Nx.Defn.Kernel.hook(&send(parent, {tag, &1})) end
+      end
+
+      assert to_list(EXLA.jit(hooked.(:first)).(x)) == [7.0, 189.0]
+      # (or from disk, when another run wrote it)
+      assert_received {[:exla, :compilation], ^ref, m, %{disk_cache: first}}
+      assert first in [:miss, :hit, :off]
+      if first != :hit, do: assert(m.xla_compile_time > 0)
+      assert_receive {:first, _}
+
+      assert to_list(EXLA.jit(hooked.(:second)).(x)) == [7.0, 189.0]
+      assert_received {[:exla, :compilation], ^ref, m, %{disk_cache: :memory}}
+      assert m.xla_compile_time == 0
+      assert_receive {:second, seen}
+      assert to_list(seen) == [7.0, 189.0]
+      refute_received {:first, _}
+
+      # cache: false neither uses nor keeps them
+      EXLA.jit(hooked.(:third), cache: false).(x)
+      assert_received {[:exla, :compilation], ^ref, m, %{disk_cache: :off}}
+      assert m.xla_compile_time > 0
+    end
+
     test "cache: false compiles every time", %{ref: ref} do
       fun = adder(5)
       x = on_device([1.0])

@@ -9,6 +9,7 @@ defmodule EXLA.Application do
       EXLA.NativeLog,
       {EXLA.Client, []},
       EXLA.Defn.LockedCache,
+      EXLA.CompileCache.Memory,
       {Task, &preload_code/0}
     ]
 

@@ -38,15 +38,36 @@ defmodule EXLA.CompileCache do
     * `:cache_max_size` - the most bytes the directory's executables may
       take. When a new one would exceed it, the least recently used ones
       (by the modification time of their files, which a hit refreshes)
-      are removed. Defaults to 1 GiB.
+      are removed. Defaults to the environment variable
+      `EXLA_CACHE_MAX_SIZE` (bytes, or a number followed by `K`, `M`, `G`
+      or `T` for KiB, MiB, GiB or TiB: `EXLA_CACHE_MAX_SIZE=512M`), else
+      1 GiB.
 
     * `:cache_min_compile_time` - in milliseconds: programs that compile
       faster than this are not written (as JAX's
-      `jax_persistent_cache_min_compile_time_secs`). Defaults to 100: the
-      per-operation programs of `EXLA.Backend` and other tiny programs
-      compile in 10 to 50 ms, and writing them all would fill the
+      `jax_persistent_cache_min_compile_time_secs`). Defaults to the
+      environment variable `EXLA_CACHE_MIN_COMPILE_TIME` (milliseconds),
+      else 100: the per-operation programs of `EXLA.Backend` and other tiny
+      programs compile in 10 to 50 ms, and writing them all would fill the
       directory with files whose loading saves little. `0` writes every
       program.
+
+  How large it grows: Scholar's test suite (about 900 distinct
+  programs, a third of them `EXLA.Backend` operations) wrote 853 files,
+  56.5 MB, into an empty directory on a loaded 2-core machine, and a second
+  run 30 more (programs whose compile time crossed
+  `:cache_min_compile_time` this time); a run loads the programs of the
+  run before. The directory grows with the distinct programs a machine
+  compiles, up to `:cache_max_size`; past it, the programs not used for
+  the longest time go first, so those every session asks for stay (a hit
+  refreshes its file's time). A write lists the directory only when it
+  may be over the limit (or every 64 writes, to see other VMs' files).
+
+  Both limits are read at each write, so the environment variables set
+  them without touching the application's configuration
+  (`EXLA_CACHE_MAX_SIZE=200M mix test`); a value that is not a
+  non-negative integer (with a unit, for the size) raises `ArgumentError`
+  at the first compilation that needs it.
 
   The `:cache` option of `EXLA.jit/2` and friends chooses per call:
   `true` (the default) uses the directory above, `false` compiles afresh
@@ -56,6 +77,17 @@ defmodule EXLA.CompileCache do
   compile time and outside the directory's size cap. A file holds one
   program, so a function called with several argument shapes should use
   the directory instead.
+
+  ## In memory
+
+  Within a VM, a program whose MLIR text is one compiled (or loaded)
+  before for the same client, device, replicas and partitions gets that
+  executable, with neither a compile nor a look on disk: the jit and
+  `EXLA.Backend` caches are keyed by what a program is made from (the
+  function, which is new for every closure made anew, the operation and
+  its static arguments), and different keys often lower to the same text.
+  The executable is the one the compile would give. The last 512 are kept;
+  only `cache: true` (the default) uses them.
 
   ## The key
 
@@ -92,12 +124,9 @@ defmodule EXLA.CompileCache do
   """
 
   require Logger
-  import Bitwise, only: [<<<: 2]
 
   alias EXLA.Executable
-
-  @default_max_size 1 <<< 30
-  @default_min_compile_time 100
+  alias EXLA.CompileCache.{Config, Usage}
   @suffix ".exla"
   # Temporary files older than this are left over by VMs that died while
   # writing, and are removed when the directory is trimmed.
@@ -130,26 +159,36 @@ defmodule EXLA.CompileCache do
   def compile(client, %EXLA.MLIR.Program{} = program, opts, cache) do
     case location(cache) do
       nil ->
-        {Executable.compile(client, program, opts), :off}
+        {xla_compile(client, program, opts), :off}
 
       location ->
         key = key(client, program, opts)
         path = entry_path(location, key)
 
-        case read(client, path, key) do
+        case EXLA.CompileTimer.measure(:cache_load_time, fn -> read(client, path, key) end) do
           {:ok, executable} ->
             if match?({:dir, _}, location), do: File.touch(path)
             {executable, :hit}
 
           {:miss, write_always?} ->
-            {time, executable} = :timer.tc(fn -> Executable.compile(client, program, opts) end)
+            {time, executable} = :timer.tc(fn -> xla_compile(client, program, opts) end)
 
-            if write_always? or match?({:file, _}, location) or time >= min_compile_time() * 1000,
-              do: write(location, path, executable, key)
+            if write_always? or match?({:file, _}, location) or
+                 time >= Config.min_compile_time() * 1000,
+               do:
+                 EXLA.CompileTimer.measure(:cache_write_time, fn ->
+                   write(location, path, executable, key)
+                 end)
 
             {executable, :miss}
         end
     end
+  end
+
+  defp xla_compile(client, program, opts) do
+    EXLA.CompileTimer.measure(:xla_compile_time, fn ->
+      Executable.compile(client, program, opts)
+    end)
   end
 
   defp location(false), do: nil
@@ -218,11 +257,13 @@ defmodule EXLA.CompileCache do
       binary ->
         case location do
           {:dir, dir} ->
-            max_size = max_size()
+            max_size = Config.max_size()
 
             if byte_size(binary) <= max_size do
               write_atomically(path, binary)
-              trim(dir, max_size)
+
+              if Usage.written?(dir, byte_size(binary), max_size),
+                do: Usage.scanned(dir, trim(dir, max_size))
             end
 
           {:file, _} ->
@@ -251,7 +292,8 @@ defmodule EXLA.CompileCache do
   @doc """
   Removes the least recently used executables of the cache directory `dir`
   until they take at most `max_size` bytes, and the temporary files that
-  VMs which died while writing left there. Returns `:ok`.
+  VMs which died while writing left there. Returns the bytes the
+  executables left there take.
 
   EXLA trims the directory to `:cache_max_size` whenever it writes to it;
   call this to shrink a cache further, for example before packing it into
@@ -259,7 +301,7 @@ defmodule EXLA.CompileCache do
 
       EXLA.CompileCache.trim(EXLA.CompileCache.dir(), 100_000_000)
   """
-  @spec trim(Path.t(), non_neg_integer()) :: :ok
+  @spec trim(Path.t(), non_neg_integer()) :: non_neg_integer()
   def trim(dir, max_size) do
     now = System.os_time(:second)
 
@@ -283,8 +325,6 @@ defmodule EXLA.CompileCache do
         {:halt, total}
       end
     end)
-
-    :ok
   end
 
   defp list(dir) do
@@ -320,23 +360,6 @@ defmodule EXLA.CompileCache do
     end
 
     :ok
-  end
-
-  defp max_size do
-    case Application.get_env(:exla, :cache_max_size, @default_max_size) do
-      size when is_integer(size) and size >= 0 -> size
-      other -> raise ArgumentError, bad_config(:cache_max_size, "a number of bytes", other)
-    end
-  end
-
-  defp min_compile_time do
-    case Application.get_env(:exla, :cache_min_compile_time, @default_min_compile_time) do
-      ms when is_integer(ms) and ms >= 0 ->
-        ms
-
-      other ->
-        raise ArgumentError, bad_config(:cache_min_compile_time, "milliseconds (integer)", other)
-    end
   end
 
   defp bad_config(key, expected, value) do

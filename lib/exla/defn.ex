@@ -301,7 +301,8 @@ defmodule EXLA.Defn do
       Logger.debug("EXLA defn evaluation #{inspect(key)} cache miss in #{ms(eval_time)}ms")
     end
 
-    {compile_time, {compiled, disk_cache}} = :timer.tc(fn -> compile.(expr) end)
+    {compile_time, {{compiled, disk_cache}, stages}} =
+      :timer.tc(fn -> EXLA.CompileTimer.collect(fn -> compile.(expr) end) end)
 
     if opts[:debug] do
       Logger.debug(
@@ -312,18 +313,38 @@ defmodule EXLA.Defn do
 
     :telemetry.execute(
       [:exla, :compilation],
-      %{eval_time: eval_time, compile_time: compile_time, total_time: eval_time + compile_time},
-      %{key: key, disk_cache: disk_cache}
+      compilation_measurements(eval_time, compile_time, stages),
+      %{key: key, disk_cache: disk_cache, kind: compilation_kind(opts)}
     )
 
     compiled
   end
 
+  # EXLA 0.7.2's three measurements, and the stages of :compile_time.
+  defp compilation_measurements(eval_time, compile_time, stages) do
+    stages =
+      Map.merge(
+        %{lower_time: 0, xla_compile_time: 0, cache_load_time: 0, cache_write_time: 0},
+        stages
+      )
+
+    Map.merge(stages, %{
+      eval_time: eval_time,
+      compile_time: compile_time,
+      total_time: eval_time + compile_time
+    })
+  end
+
+  defp compilation_kind(opts), do: if(opts[:cache_kind] == :bounded, do: :backend, else: :jit)
+
   # Returns the compiled program and where its executable came from (see
   # EXLA.CompileCache.compile/4).
   defp compile_expr(key, expr, vars, opts) do
     client = EXLA.Client.fetch!(opts[:client])
-    %{program: program} = lowered = lower(expr, vars, opts)
+
+    %{program: program} =
+      lowered = EXLA.CompileTimer.measure(:lower_time, fn -> lower(expr, vars, opts) end)
+
     # A lazy program's sites carry `:lazy` (see lazy_variants/4).
     callbacks =
       cond do
@@ -340,7 +361,10 @@ defmodule EXLA.Defn do
     if callbacks, do: EXLA.HostCallback.install!(client)
 
     compile_opts = [device_id: opts[:device_id]]
-    {exe, disk_cache} = EXLA.CompileCache.compile(client, program, compile_opts, opts[:cache])
+
+    {exe, disk_cache} =
+      EXLA.CompileCache.Memory.compile(client, program, compile_opts, opts[:cache])
+
     output = Composite.traverse(expr, &%{&1 | data: %Nx.TemplateBackend{}})
     donated = donated_inputs(vars, opts[:donate])
     {input_shapes, donate} = parameters(vars, lowered.used_inputs, donated, opts)

@@ -2,6 +2,8 @@ defmodule EXLA.ClientTest do
   # Tests change the :exla application environment and XLA_FLAGS.
   use ExUnit.Case, async: false
 
+  import EXLA.TestEnv, only: [with_env: 3]
+
   alias EXLA.Client
 
   doctest EXLA.Client
@@ -15,17 +17,6 @@ defmodule EXLA.ClientTest do
 
   defp unique_name(prefix) do
     :"#{prefix}_#{System.unique_integer([:positive])}"
-  end
-
-  defp with_env(name, value, fun) do
-    old = System.get_env(name)
-    if value, do: System.put_env(name, value), else: System.delete_env(name)
-
-    try do
-      fun.()
-    after
-      if old, do: System.put_env(name, old), else: System.delete_env(name)
-    end
   end
 
   describe "fetch!/1" do

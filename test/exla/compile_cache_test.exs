@@ -3,6 +3,7 @@ defmodule EXLA.CompileCacheTest do
   use ExUnit.Case, async: false
 
   import ExUnit.CaptureLog
+  import Bitwise, only: [<<<: 2]
 
   alias EXLA.{CompileCache, DeviceBuffer, Executable, Shape}
   alias EXLA.Executable.Sealed
@@ -17,6 +18,8 @@ defmodule EXLA.CompileCacheTest do
     Application.put_env(:exla, :cache_dir, dir)
     Application.put_env(:exla, :cache_min_compile_time, 0)
     Application.delete_env(:exla, :cache_max_size)
+    # These tests are about the disk: programs of other tests are forgotten.
+    EXLA.CompileCache.Memory.clear()
 
     on_exit(fn ->
       for {key, value} <- previous do
@@ -309,6 +312,20 @@ defmodule EXLA.CompileCacheTest do
     assert new_entry.(4.0) == []
   end
 
+  test "a write scans the directory only when it may be over the limit, or every 64 writes",
+       %{dir: dir} do
+    alias EXLA.CompileCache.Usage
+    # Never scanned by this VM: scan.
+    assert Usage.written?(dir, 10, 100)
+    Usage.scanned(dir, 50)
+    refute Usage.written?(dir, 10, 100)
+    # 50 + 10 + 41 > 100
+    assert Usage.written?(dir, 41, 100)
+    Usage.scanned(dir, 0)
+    for _ <- 1..63, do: refute(Usage.written?(dir, 1, 100))
+    assert Usage.written?(dir, 1, 100)
+  end
+
   test "trimming removes temporary files left over by dead writers", %{dir: dir} do
     stale = Path.join(dir, ".tmp-1-1")
     fresh = Path.join(dir, ".tmp-1-2")
@@ -349,6 +366,57 @@ defmodule EXLA.CompileCacheTest do
     end
   end
 
+  describe "limits from the environment" do
+    alias EXLA.CompileCache.Config
+    import EXLA.TestEnv, only: [with_env: 3]
+
+    test "EXLA_CACHE_MAX_SIZE takes bytes or K, M, G, T; the config wins over it" do
+      for {value, bytes} <- [{"1000", 1000}, {"512M", 512 <<< 20}, {" 2g ", 2 <<< 30}, {"0", 0}] do
+        with_env("EXLA_CACHE_MAX_SIZE", value, fn -> assert Config.max_size() == bytes end)
+      end
+
+      with_env("EXLA_CACHE_MAX_SIZE", "5K", fn ->
+        Application.put_env(:exla, :cache_max_size, 7)
+        assert Config.max_size() == 7
+      end)
+    end
+
+    test "EXLA_CACHE_MIN_COMPILE_TIME takes milliseconds; the config wins over it" do
+      Application.delete_env(:exla, :cache_min_compile_time)
+
+      with_env("EXLA_CACHE_MIN_COMPILE_TIME", "250", fn ->
+        assert Config.min_compile_time() == 250
+      end)
+
+      Application.put_env(:exla, :cache_min_compile_time, 0)
+
+      with_env("EXLA_CACHE_MIN_COMPILE_TIME", "250", fn ->
+        assert Config.min_compile_time() == 0
+      end)
+    end
+
+    test "bad values raise, naming the variable", %{client: client} do
+      for {name, value} <- [
+            {"EXLA_CACHE_MAX_SIZE", "-1"},
+            {"EXLA_CACHE_MAX_SIZE", "12Q"},
+            {"EXLA_CACHE_MAX_SIZE", "lots"},
+            {"EXLA_CACHE_MIN_COMPILE_TIME", "0.5"},
+            {"EXLA_CACHE_MIN_COMPILE_TIME", ""}
+          ] do
+        # The size is read when a program is written: every one is.
+        if name == "EXLA_CACHE_MAX_SIZE",
+          do: Application.put_env(:exla, :cache_min_compile_time, 0),
+          else: Application.delete_env(:exla, :cache_min_compile_time)
+
+        with_env(name, value, fn ->
+          assert_raise ArgumentError, ~r/environment variable #{name} to be/, fn ->
+            CompileCache.compile(client, program(3.0), [], true)
+          end
+        end)
+      end
+    end
+  end
+
   defp same?(a, b), do: Nx.to_binary(a) == Nx.to_binary(b) and a.shape == b.shape
 
   describe "through EXLA.jit" do
@@ -368,7 +436,13 @@ defmodule EXLA.CompileCacheTest do
       assert_received {[:exla, :compilation], ^ref, _, %{disk_cache: :miss}}
       assert [_] = entries(dir)
 
+      # The same program again in this VM: its executable, without looking on disk.
       assert same?(second.(x), Nx.exp(Nx.cos(x)))
+      assert_received {[:exla, :compilation], ^ref, m, %{disk_cache: :memory}}
+      assert m.xla_compile_time == 0 and m.cache_load_time == 0
+
+      EXLA.CompileCache.Memory.clear()
+      assert same?(EXLA.jit(fn x -> Nx.exp(Nx.cos(x)) end).(x), Nx.exp(Nx.cos(x)))
       assert_received {[:exla, :compilation], ^ref, _, %{disk_cache: :hit}}
 
       EXLA.jit(fn x -> Nx.exp(Nx.cos(x)) end, cache: false).(x)
@@ -406,6 +480,7 @@ defmodule EXLA.CompileCacheTest do
       assert_receive {:seen, seen}
       assert same?(seen, Nx.sqrt(x))
 
+      EXLA.CompileCache.Memory.clear()
       assert same?(second.(x), Nx.sqrt(x))
       assert_received {[:exla, :compilation], ^ref, _, %{disk_cache: :hit}}
       assert_receive {:seen, again}

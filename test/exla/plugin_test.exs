@@ -2,6 +2,8 @@ defmodule EXLA.PluginTest do
   # Some tests set environment variables, so this module runs alone.
   use ExUnit.Case, async: false
 
+  import EXLA.TestEnv, only: [with_env: 3, with_envs: 2]
+
   alias EXLA.Plugin
 
   doctest EXLA.Plugin
@@ -11,21 +13,6 @@ defmodule EXLA.PluginTest do
     "xla_cpu_pjrt-0.0.1-py3-none-manylinux_2_27_x86_64.whl",
     "xla_cpu_pjrt-0.0.1-py3-none-manylinux_2_27_aarch64.whl"
   ]
-
-  defp with_env(name, value, fun) do
-    old = System.get_env(name)
-    if value, do: System.put_env(name, value), else: System.delete_env(name)
-
-    try do
-      fun.()
-    after
-      if old, do: System.put_env(name, old), else: System.delete_env(name)
-    end
-  end
-
-  defp with_envs(vars, fun) do
-    Enum.reduce(vars, fun, fn {name, value}, inner -> fn -> with_env(name, value, inner) end end).()
-  end
 
   defp sha256(data), do: :crypto.hash(:sha256, data) |> Base.encode16(case: :lower)
 

@@ -4,6 +4,7 @@ defmodule Mix.Tasks.Compile.ExlaNativeTest do
   # Sets environment variables the compiler reads.
   use ExUnit.Case, async: false
 
+  import EXLA.TestEnv, only: [with_envs: 2]
   alias Mix.ExlaNative.{Artifact, Sources}
   alias Mix.Tasks.Compile.ExlaNative
 
@@ -38,7 +39,7 @@ defmodule Mix.Tasks.Compile.ExlaNativeTest do
     end
 
     test "EXLA_NIF_TARGET overrides the host's" do
-      with_env([{"EXLA_NIF_TARGET", "riscv64-linux-gnu"}], fn ->
+      with_envs([{"EXLA_NIF_TARGET", "riscv64-linux-gnu"}], fn ->
         assert Artifact.host_target() == "riscv64-linux-gnu"
       end)
 
@@ -162,12 +163,12 @@ defmodule Mix.Tasks.Compile.ExlaNativeTest do
 
   describe "plan/1" do
     test "EXLA_BUILD and EXLA_NIF_FEATURES build from source" do
-      with_env([{"EXLA_BUILD", "true"}], fn ->
+      with_envs([{"EXLA_BUILD", "true"}], fn ->
         assert {:cargo, [], "EXLA_BUILD is set"} = ExlaNative.plan(:prod)
         assert {:cargo, ["fault-injection"], _} = ExlaNative.plan(:test)
       end)
 
-      with_env([{"EXLA_NIF_FEATURES", "no-tracing"}], fn ->
+      with_envs([{"EXLA_NIF_FEATURES", "no-tracing"}], fn ->
         assert {:cargo, ["no-tracing"], "EXLA_NIF_FEATURES is set"} = ExlaNative.plan(:prod)
       end)
     end
@@ -187,7 +188,7 @@ defmodule Mix.Tasks.Compile.ExlaNativeTest do
         Artifact.write_checksums!(Artifact.checksum_path(dir), checksums)
         assert ExlaNative.plan(:prod) == {:precompiled, name, "sha256:aa"}
 
-        with_env([{"EXLA_NIF_TARGET", "riscv64-linux-gnu"}], fn ->
+        with_envs([{"EXLA_NIF_TARGET", "riscv64-linux-gnu"}], fn ->
           assert {:cargo, [], why} = ExlaNative.plan(:prod)
           assert why =~ "no precompiled NIF for riscv64-linux-gnu"
         end)
@@ -208,29 +209,13 @@ defmodule Mix.Tasks.Compile.ExlaNativeTest do
   end
 
   test "the default download location is the GitHub release of this version" do
-    with_env([{"EXLA_NIF_BASE_URL", nil}], fn ->
+    with_envs([{"EXLA_NIF_BASE_URL", nil}], fn ->
       version = Mix.Project.config()[:version]
       assert ExlaNative.base_url() =~ ~r"^https://github.com/.+/releases/download/v#{version}$"
     end)
 
-    with_env([{"EXLA_NIF_BASE_URL", "http://127.0.0.1:1/mirror"}], fn ->
+    with_envs([{"EXLA_NIF_BASE_URL", "http://127.0.0.1:1/mirror"}], fn ->
       assert ExlaNative.base_url() == "http://127.0.0.1:1/mirror"
     end)
-  end
-
-  defp with_env(vars, fun) do
-    saved = for {name, _} <- vars, do: {name, System.get_env(name)}
-
-    set = fn pairs ->
-      Enum.each(pairs, fn {k, v} -> if v, do: System.put_env(k, v), else: System.delete_env(k) end)
-    end
-
-    set.(vars)
-
-    try do
-      fun.()
-    after
-      set.(saved)
-    end
   end
 end

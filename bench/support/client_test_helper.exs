@@ -1,0 +1,73 @@
+# The test_helper.exs that bench/scholar_bench.exs installs in a client
+# library's checkout (Scholar's), so that one `mix test` runs the suite
+# either under EXLA or under Nx's reference implementation, and reports
+# what EXLA's compiles cost.
+#
+# Environment (set by the bench):
+#
+#   * EXLA_BENCH_MODE - `exla` (EXLA.Backend and `compiler: EXLA` as the
+#     defaults) or `reference` (Nx.BinaryBackend and Nx.Defn.Evaluator);
+#   * EXLA_BENCH_CACHE - `off` (no disk compile cache) or a directory for it;
+#   * EXLA_BENCH_OUT - a file that receives, after the suite, the suite's
+#     wall time and the sums of the `[:exla, :compilation]` measurements per
+#     kind of program, as an Erlang term.
+Application.ensure_all_started(:exla)
+
+defmodule ClientBench.Collector do
+  @moduledoc false
+  # Sums the measurements of every [:exla, :compilation] event, per kind
+  # of program and disk-cache status, in an ETS table (tests run
+  # concurrently).
+  @table __MODULE__
+
+  def start do
+    :ets.new(@table, [:named_table, :public, :set, write_concurrency: true])
+    :telemetry.attach("client-bench", [:exla, :compilation], &__MODULE__.handle/4, nil)
+  end
+
+  def handle(_event, measurements, metadata, _config) do
+    group = {Map.get(metadata, :kind, :jit), Map.get(metadata, :disk_cache, :off)}
+    :ets.update_counter(@table, {group, :count}, 1, {{group, :count}, 0})
+
+    for {name, value} <- measurements, is_integer(value) do
+      :ets.update_counter(@table, {group, name}, value, {{group, name}, 0})
+    end
+  end
+
+  def totals do
+    @table
+    |> :ets.tab2list()
+    |> Enum.group_by(fn {{group, _name}, _} -> group end, fn {{_, name}, v} -> {name, v} end)
+    |> Map.new(fn {group, pairs} -> {group, Map.new(pairs)} end)
+  end
+end
+
+mode = System.get_env("EXLA_BENCH_MODE", "exla")
+
+case mode do
+  "exla" ->
+    Nx.global_default_backend(EXLA.Backend)
+    Nx.Defn.global_default_options(compiler: EXLA)
+
+  "reference" ->
+    :ok
+end
+
+case System.get_env("EXLA_BENCH_CACHE", "off") do
+  "off" -> Application.put_env(:exla, :cache_dir, false)
+  dir -> Application.put_env(:exla, :cache_dir, dir)
+end
+
+ClientBench.Collector.start()
+started = System.monotonic_time(:microsecond)
+
+ExUnit.after_suite(fn _result ->
+  wall = System.monotonic_time(:microsecond) - started
+
+  if out = System.get_env("EXLA_BENCH_OUT") do
+    report = %{mode: mode, wall_us: wall, compiles: ClientBench.Collector.totals()}
+    File.write!(out, :erlang.term_to_binary(report))
+  end
+end)
+
+ExUnit.start()
