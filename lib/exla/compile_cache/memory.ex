@@ -66,7 +66,11 @@ defmodule EXLA.CompileCache.Memory do
     GenServer.cast(__MODULE__, {:put, key(client, program, opts), executable})
   end
 
-  @doc "Forgets every executable (for tests of what lies behind)."
+  @doc """
+  Forgets every executable kept here: later compiles go to the disk cache
+  or the plugin again (what a measurement of compile times needs), and the
+  executables that no cached program still holds are freed.
+  """
   def clear, do: GenServer.call(__MODULE__, :clear)
 
   defp key(client, %EXLA.MLIR.Program{text: text}, opts) do
