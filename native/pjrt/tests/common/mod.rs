@@ -10,8 +10,18 @@ use std::sync::Arc;
 
 use pjrt::Plugin;
 
-const PACKAGE_DIR: &str = "xla-cpu-pjrt-0.0.1";
-const LIBRARY: &str = "xla_cpu_pjrt.so";
+// The plugin's pin, the one EXLA.Plugin.Install and .ci/run read: the
+// install folder and the library's name come from it.
+const PIN: &str = include_str!("../../../../lib/exla/plugin/cpu_plugin.pin");
+
+/// The value of the pin's line `key value`.
+fn pin_field(key: &str) -> &'static str {
+    PIN.lines()
+        .filter_map(|line| line.split_once(' '))
+        .find(|(name, _)| *name == key)
+        .map(|(_, value)| value.trim())
+        .unwrap_or_else(|| panic!("cpu_plugin.pin has no `{key}` line"))
+}
 
 /// The CPU plugin, loaded; panics with how to get it when it is missing.
 pub fn plugin() -> Arc<Plugin> {
@@ -39,8 +49,15 @@ fn plugin_path() -> PathBuf {
             return PathBuf::from(path);
         }
     }
-    let dir = format!("{PACKAGE_DIR}-{}", std::env::consts::ARCH);
-    exla_cache_dir().join("plugins").join(dir).join(LIBRARY)
+    let dir = format!(
+        "{}-{}-{}",
+        pin_field("package"),
+        pin_field("version"),
+        std::env::consts::ARCH
+    );
+    let member = pin_field("member");
+    let library = member.rsplit('/').next().unwrap_or(member);
+    exla_cache_dir().join("plugins").join(dir).join(library)
 }
 
 /// EXLA's cache directory: `EXLA_CACHE_DIR`, else Erlang's user cache
