@@ -235,9 +235,6 @@ defmodule EXLA.Plugin do
   end
 
   @doc false
-  defdelegate install_wheel!(wheel, dest, wheel_sha256, library_sha256), to: Install
-
-  @doc false
   # Loads the plugin of `platform` at `path` (as `path!/2` returns it) and
   # returns the NIF's handle, or raises. A CUDA plugin's driver and NVIDIA
   # libraries are loaded first, once per plugin and VM (see "CUDA

@@ -5,6 +5,7 @@ defmodule EXLA.PluginTest do
   import EXLA.TestEnv, only: [with_env: 3, with_envs: 2]
 
   alias EXLA.Plugin
+  alias EXLA.Plugin.Install
 
   doctest EXLA.Plugin
 
@@ -414,7 +415,7 @@ defmodule EXLA.PluginTest do
 
     test "verifies and installs the library", %{wheel: wheel, dest: dest, library: library} do
       wheel_sha = Plugin.sha256_file(wheel)
-      assert Plugin.install_wheel!(wheel, dest, wheel_sha, sha256(library)) == dest
+      assert Install.install_wheel!(wheel, dest, wheel_sha, sha256(library)) == dest
       assert File.read!(dest) == library
       assert File.stat!(dest).mode |> Bitwise.band(0o777) == 0o755
       # only the library was extracted, and the temporary directory is gone
@@ -423,7 +424,7 @@ defmodule EXLA.PluginTest do
 
       # without a pinned library hash (aarch64)
       File.rm!(dest)
-      assert Plugin.install_wheel!(wheel, dest, String.upcase(wheel_sha), nil) == dest
+      assert Install.install_wheel!(wheel, dest, String.upcase(wheel_sha), nil) == dest
       assert File.read!(dest) == library
     end
 
@@ -431,7 +432,7 @@ defmodule EXLA.PluginTest do
       bad = String.duplicate("0", 64)
 
       assert_raise RuntimeError, ~r/has sha256 [0-9a-f]{64} but 0{64} was expected/, fn ->
-        Plugin.install_wheel!(wheel, dest, bad, sha256(library))
+        Install.install_wheel!(wheel, dest, bad, sha256(library))
       end
 
       refute File.exists?(dest)
@@ -441,7 +442,7 @@ defmodule EXLA.PluginTest do
       bad = String.duplicate("a", 64)
 
       assert_raise RuntimeError, ~r/xla_cpu_pjrt.so has sha256 .* but a{64} was expected/, fn ->
-        Plugin.install_wheel!(wheel, dest, Plugin.sha256_file(wheel), bad)
+        Install.install_wheel!(wheel, dest, Plugin.sha256_file(wheel), bad)
       end
 
       refute File.exists?(dest)
@@ -452,7 +453,7 @@ defmodule EXLA.PluginTest do
       wheel = fake_wheel(dir, [{"xla_plugins/readme.txt", "nothing here"}])
 
       assert_raise RuntimeError, ~r/does not contain #{@member}/, fn ->
-        Plugin.install_wheel!(wheel, dest, Plugin.sha256_file(wheel), nil)
+        Install.install_wheel!(wheel, dest, Plugin.sha256_file(wheel), nil)
       end
 
       refute File.exists?(dest)
@@ -463,7 +464,7 @@ defmodule EXLA.PluginTest do
       File.write!(wheel, "not a zip")
 
       assert_raise RuntimeError, ~r/could not read .*broken.whl/, fn ->
-        Plugin.install_wheel!(wheel, dest, Plugin.sha256_file(wheel), nil)
+        Install.install_wheel!(wheel, dest, Plugin.sha256_file(wheel), nil)
       end
     end
 
@@ -472,7 +473,7 @@ defmodule EXLA.PluginTest do
 
       results =
         1..6
-        |> Task.async_stream(fn _ -> Plugin.install_wheel!(wheel, dest, wheel_sha, nil) end,
+        |> Task.async_stream(fn _ -> Install.install_wheel!(wheel, dest, wheel_sha, nil) end,
           timeout: 60_000
         )
         |> Enum.to_list()
