@@ -97,8 +97,7 @@ defmodule EXLA.DeviceBuffer do
          {:ok, data} when is_binary(data) <- NIF.buffer_read(ref, size) do
       data
     else
-      false -> NIF.unwrap!(NIF.buffer_read_dirty(ref, size))
-      {:ok, nil} -> NIF.unwrap!(NIF.buffer_read_dirty(ref, size))
+      waits when waits in [false, {:ok, nil}] -> NIF.unwrap!(NIF.buffer_read_dirty(ref, size))
       error -> NIF.unwrap!(error)
     end
   end
