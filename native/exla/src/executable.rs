@@ -1,9 +1,9 @@
 //! Compiling, running and serializing programs.
 //!
 //! Where each call runs is decided by `EXLA.Executable` (see the README's
-//! "Where native calls run"); these functions only obey. Compiling and
-//! (de)serializing run on the big-stack threads of `pool::compiles()` and
-//! reply by message; a run is one of three NIFs: on the calling process's
+//! "Where native calls run"); these functions only obey. Compiling runs on
+//! the big-stack threads of `pool::compiles()`, (de)serializing on those of
+//! `pool::serializes()`, and both reply by message; a run is one of three NIFs: on the calling process's
 //! scheduler, on a dirty CPU scheduler, or on a thread of `pool::runs()`.
 
 use std::sync::Arc;
@@ -269,19 +269,19 @@ impl Encoder for Serialized {
     }
 }
 
-/// Serializes on a compile thread; replies `{reference, binary}`.
+/// Serializes on a serialization thread; replies `{reference, binary}`.
 #[rustler::nif]
 fn executable_serialize<'a>(
     env: Env<'a>,
     executable: ResourceArc<ExecutableResource>,
     reference: Term<'a>,
 ) -> NifResult<Atom> {
-    pool::reply_later(env, pool::compiles(), reference, move || {
+    pool::reply_later(env, pool::serializes(), reference, move || {
         Ok(Serialized(executable.handle.serialize()?))
     })
 }
 
-/// Loads on a compile thread; replies `{reference, result}`. Itself on a
+/// Loads on a serialization thread; replies `{reference, result}`. Itself on a
 /// dirty scheduler: it copies the serialized executable (megabytes).
 #[rustler::nif(schedule = "DirtyIo")]
 fn executable_deserialize<'a>(
@@ -294,7 +294,7 @@ fn executable_deserialize<'a>(
 ) -> NifResult<Atom> {
     let inputs = shapes(input_shapes)?;
     let bytes = bytes.as_slice().to_vec();
-    pool::reply_later(env, pool::compiles(), reference, move || {
+    pool::reply_later(env, pool::serializes(), reference, move || {
         let started = Instant::now();
         let executable = client.handle.deserialize(&bytes, device).inspect_err(|error| {
             tracing::debug!(target: "exla::compile", %error, "loading a serialized executable failed");

@@ -1,11 +1,17 @@
 //! Native threads for work that must not run on a BEAM scheduler, and the
 //! one way their results come back: a message to the calling process.
 //!
-//! * `compiles()` compiles and (de)serializes programs. XLA and MLIR recurse
-//!   per op and per nesting level, far deeper than a scheduler's stack
-//!   allows (a 150-step chain overflowed the 320 KB of a dirty scheduler),
-//!   so these threads have `COMPILE_STACK` of stack. Compiles are CPU-bound:
-//!   at most one thread per core runs them, the rest queue.
+//! * `compiles()` compiles programs. XLA and MLIR recurse per op and per
+//!   nesting level, far deeper than a scheduler's stack allows (a 150-step
+//!   chain overflowed the 320 KB of a dirty scheduler), so these threads
+//!   have `COMPILE_STACK` of stack. Compiles are CPU-bound: at most one
+//!   thread per core runs them, the rest queue.
+//! * `serializes()` serializes and loads compiled programs (the compile
+//!   cache's writes and reads). Each takes milliseconds, so it must not wait
+//!   behind the compiles queued on `compiles()`: under a test suite that
+//!   keeps both cores compiling, a write waited 0.2 s on average there, and
+//!   a cold cache made the suite slower than no cache. The same big stacks
+//!   (a module's HLO is rebuilt when it loads).
 //! * `runs()` runs programs that may take unbounded time (loops, host
 //!   callbacks, infeed) and waits for their results. Such a job may block
 //!   for as long as a BEAM process makes it (a stream waits for its input),
@@ -62,7 +68,8 @@ pub struct Pool {
     name: &'static str,
     stack_size: usize,
     max_threads: usize,
-    /// Counts its jobs in `COMPILES_IN_FLIGHT` (see the module's doc).
+    /// Counts its jobs in `COMPILES_IN_FLIGHT` (see the module's doc): the
+    /// compile and serialization pools.
     awaited_at_exit: bool,
     jobs: Sender<Job>,
     queue: Receiver<Job>,
@@ -86,6 +93,17 @@ pub fn compiles() -> &'static Pool {
     POOL.get_or_init(|| {
         let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
         let mut pool = Pool::new("exla-compile", COMPILE_STACK, cores.max(2));
+        pool.awaited_at_exit = true;
+        pool
+    })
+}
+
+/// The pool for serializing and loading executables.
+pub fn serializes() -> &'static Pool {
+    static POOL: OnceLock<Pool> = OnceLock::new();
+    POOL.get_or_init(|| {
+        let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
+        let mut pool = Pool::new("exla-serialize", COMPILE_STACK, cores.max(2));
         pool.awaited_at_exit = true;
         pool
     })
