@@ -408,12 +408,14 @@ defmodule EXLA.Defn do
 
   defp lower(expr, vars, opts) do
     input_shapes = Enum.map(Composite.flatten_list(vars), &to_shape/1)
+    client = EXLA.Client.fetch!(opts[:client])
 
     EXLA.Defn.Lowering.to_mlir(expr, input_shapes,
       precision: opts[:precision],
       hooks: opts[:hooks] || %{},
       lazy_inputs: lazy_inputs(vars, opts),
-      max_tensor_bytes: EXLA.Client.max_tensor_bytes(EXLA.Client.fetch!(opts[:client])),
+      max_tensor_bytes: EXLA.Client.max_tensor_bytes(client),
+      f64: EXLA.Platform.f64?(client.platform),
       donate: donated_inputs(vars, opts[:donate])
     )
   end

@@ -22,6 +22,14 @@ defmodule EXLA.Platform do
   def env_var(platform), do: "EXLA_PJRT_PLUGIN_" <> String.upcase(Atom.to_string(platform))
 
   @doc """
+  Whether `platform`'s devices compute f64 (and c128): TPUs have neither.
+  The lowering widens to f64 only where this holds (see
+  `EXLA.Defn.Lowering.QR`).
+  """
+  def f64?(:tpu), do: false
+  def f64?(_platform), do: true
+
+  @doc """
   The device files (globs) a platform's kernel driver creates on Linux:
   without one, no plugin of that platform can find a device.
   """

@@ -29,11 +29,13 @@ defmodule EXLA.Defn.Lowering do
   # fast min/max would drop it; see `propagate_nan/3`).
   #
   # Floats are computed in their own type: nothing is widened to f64, so a
-  # program compiles for platforms without f64 (TPUs) and `EXLA.Backend`'s
-  # eager ops, which are lowered here too, are the ops jit emits. `qr` (a
-  # Householder QR, `EXLA.Defn.Lowering.QR`) and `lu` (`EXLA.Defn.Lowering.LU`)
-  # have their own lowerings; other optional ops lower Nx's default
-  # expression.
+  # program compiles for platforms without f64 (TPUs), with one exception:
+  # `qr` (a Householder QR, `EXLA.Defn.Lowering.QR`) computes f32 in f64
+  # where the platform has it (the `:f64` option, which the caller takes
+  # from `EXLA.Platform.f64?/1`). `EXLA.Backend`'s eager ops are lowered
+  # here too, so they are the ops jit emits. `qr` and `lu`
+  # (`EXLA.Defn.Lowering.LU`) have their own lowerings; other optional ops
+  # lower Nx's default expression.
   #
   # Where compiled code differs from Nx.BinaryBackend, users read it in the
   # README ("Where results differ from Nx.BinaryBackend"): a lowering change
@@ -76,6 +78,9 @@ defmodule EXLA.Defn.Lowering do
       take (see `EXLA.Client.max_tensor_bytes/1`); a larger one raises
       `ArgumentError` naming its operation (see `EXLA.MLIR.Check`).
       Defaults to 2^47 (128 TiB)
+
+    * `:f64` - whether the platform computes f64 (`EXLA.Platform.f64?/1`);
+      where it does, `qr` computes f32 in f64. Defaults to `true`
 
     * `:donate` - positions of the inputs whose buffers the program may
       reuse for its outputs: each parameter among them is aliased to an
@@ -160,6 +165,7 @@ defmodule EXLA.Defn.Lowering do
         precision: :default,
         lazy_inputs: false,
         max_tensor_bytes: EXLA.Client.address_space_bytes(),
+        f64: true,
         donate: [],
         arg_attrs: [],
         result_attrs: [],
@@ -183,7 +189,8 @@ defmodule EXLA.Defn.Lowering do
       chain: nil,
       hook_sites: [],
       lazy: nil,
-      max_tensor_bytes: opts[:max_tensor_bytes]
+      max_tensor_bytes: opts[:max_tensor_bytes],
+      f64: opts[:f64]
     }
   end
 
@@ -537,7 +544,8 @@ defmodule EXLA.Defn.Lowering do
          b
        ) do
     {x, b} = lower_value(tensor, b)
-    expr = EXLA.Defn.Lowering.QR.expr(Nx.template(dims(tensor), tensor.type), opts)
+    template = Nx.template(dims(tensor), tensor.type)
+    expr = EXLA.Defn.Lowering.QR.expr(template, opts, b.assigns.f64)
     {values, b} = isolated_scope(b, [x], &lower_container(expr, &1))
 
     {values, b} =

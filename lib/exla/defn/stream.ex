@@ -125,7 +125,8 @@ defmodule EXLA.Defn.Stream do
       Lowering.new_state(
         precision: opts[:precision],
         hooks: opts[:hooks] || %{},
-        max_tensor_bytes: EXLA.Client.max_tensor_bytes(client)
+        max_tensor_bytes: EXLA.Client.max_tensor_bytes(client),
+        f64: EXLA.Platform.f64?(client.platform)
       )
 
     main = &main(&1, &2, step)

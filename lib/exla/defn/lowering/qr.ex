@@ -10,10 +10,17 @@ defmodule EXLA.Defn.Lowering.QR do
   # v[j] = 1 and a scalar tau, H = I - tau v v*, so that the reflection of
   # a column whose head is 0 has tau = 1 exactly and gives exact zeros in
   # Q. Reflectors are applied to the trailing columns of R and accumulated
-  # into Q by rank-1 updates. The work is done in the output's type, except
-  # for f16 and bf16, done in f32 and rounded once at the end (computing
-  # in f16 gave an error several times larger, and its squared norms
-  # overflow from entries of 256). Each reflector is computed from its
+  # into Q by rank-1 updates.
+  #
+  # Working precision: where the platform computes f64 (all but TPUs), f32
+  # and c64 are computed in f64 and c128 and rounded once: in f32, Q . R of
+  # the rank-deficient iota({4, 4}) was 2.3e-6 off (2.4 ulp of its largest
+  # entries), in f64 rounded to f32 it is within 1e-6, as EXLA 0.7.2's
+  # host QR. f16 and bf16 are computed as f32 is and rounded once more
+  # from f32 (so they are f32's result rounded; computing in f16 gave an
+  # error several times larger, and its squared norms overflow from
+  # entries of 256). Without f64 everything but f64 is computed in f32 or
+  # c64. Each reflector is computed from its
   # column divided by a power of two near the column's largest entry: an
   # exact scaling (the results are the same bits) under which the squared
   # norm neither overflows nor underflows. Signs follow Nx's
@@ -25,14 +32,14 @@ defmodule EXLA.Defn.Lowering.QR do
   import Nx.Defn
 
   @doc false
-  def expr(%Nx.Tensor{} = template, opts) do
+  def expr(%Nx.Tensor{} = template, opts, f64?) do
     mode = Keyword.get(opts, :mode, :reduced)
-    Nx.Defn.debug_expr(&qr(&1, mode: mode)).(template)
+    Nx.Defn.debug_expr(&qr(&1, mode: mode, f64: f64?)).(template)
   end
 
   defn qr(a, opts \\ []) do
     {batch, m, n} = batched_shape(a)
-    r = a |> as_working_type() |> Nx.reshape({batch, m, n})
+    r = a |> as_working_type(opts[:f64]) |> Nx.reshape({batch, m, n})
     q = Nx.broadcast(Nx.eye(m, type: Nx.type(r)), {batch, m, m})
     rows = Nx.iota({batch, m, 1}, axis: 1)
     matrix_rows = Nx.iota({batch, m, n}, axis: 1)
@@ -62,7 +69,7 @@ defmodule EXLA.Defn.Lowering.QR do
         {j + 1, q, r}
       end
 
-    output(q, r, Nx.shape(a), opts[:mode])
+    output(q, r, Nx.shape(a), opts[:mode], rounding_type(a))
   end
 
   # For the column head `alpha` and the squared norm of the rest, returns
@@ -104,12 +111,24 @@ defmodule EXLA.Defn.Lowering.QR do
     Nx.select(Nx.equal(scale, 0), 1, scale)
   end
 
-  # f16 and bf16 are computed in f32 (see the top of this module).
-  deftransformp as_working_type(a) do
+  # See "Working precision" at the top of this module.
+  deftransformp as_working_type(a, f64?) do
+    case {Nx.Type.to_floating(Nx.type(a)), f64?} do
+      {{:c, _}, true} -> Nx.as_type(a, {:c, 128})
+      {{:c, _} = type, _} -> Nx.as_type(a, type)
+      {_, true} -> Nx.as_type(a, {:f, 64})
+      {{:f, 64}, _} -> Nx.as_type(a, {:f, 64})
+      _ -> Nx.as_type(a, {:f, 32})
+    end
+  end
+
+  # The type the results are rounded to before the output's own type: f32
+  # for f16 and bf16, the output's type otherwise.
+  deftransformp rounding_type(a) do
     case Nx.Type.to_floating(Nx.type(a)) do
-      {:f, 16} -> Nx.as_type(a, {:f, 32})
-      {:bf, 16} -> Nx.as_type(a, {:f, 32})
-      type -> Nx.as_type(a, type)
+      {:f, 16} -> {:f, 32}
+      {:bf, 16} -> {:f, 32}
+      type -> type
     end
   end
 
@@ -127,14 +146,14 @@ defmodule EXLA.Defn.Lowering.QR do
 
   defnp batched_dot(a, b), do: Nx.dot(a, [2], [0], b, [1], [0])
 
-  deftransformp output(q, r, shape, mode) do
+  deftransformp output(q, r, shape, mode, type) do
     rank = tuple_size(shape)
     {m, n} = {elem(shape, rank - 2), elem(shape, rank - 1)}
     batch = shape |> Tuple.delete_at(rank - 1) |> Tuple.delete_at(rank - 2) |> Tuple.to_list()
     k = if mode == :complete, do: m, else: min(m, n)
     q = q |> Nx.slice_along_axis(0, k, axis: 2) |> Nx.reshape(List.to_tuple(batch ++ [m, k]))
     r = r |> Nx.slice_along_axis(0, k, axis: 1) |> Nx.reshape(List.to_tuple(batch ++ [k, n]))
-    {q, r}
+    {Nx.as_type(q, type), Nx.as_type(r, type)}
   end
 
   deftransformp batched_shape(a) do
