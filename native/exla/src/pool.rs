@@ -90,23 +90,22 @@ struct Counts {
 /// The pool for compiling and (de)serializing programs.
 pub fn compiles() -> &'static Pool {
     static POOL: OnceLock<Pool> = OnceLock::new();
-    POOL.get_or_init(|| {
-        let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
-        let mut pool = Pool::new("exla-compile", COMPILE_STACK, cores.max(2));
-        pool.awaited_at_exit = true;
-        pool
-    })
+    POOL.get_or_init(|| compiler_pool("exla-compile"))
 }
 
 /// The pool for serializing and loading executables.
 pub fn serializes() -> &'static Pool {
     static POOL: OnceLock<Pool> = OnceLock::new();
-    POOL.get_or_init(|| {
-        let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
-        let mut pool = Pool::new("exla-serialize", COMPILE_STACK, cores.max(2));
-        pool.awaited_at_exit = true;
-        pool
-    })
+    POOL.get_or_init(|| compiler_pool("exla-serialize"))
+}
+
+/// A pool of the compiler's work: big stacks, one thread per core (at
+/// least two), and jobs that an orderly exit waits for.
+fn compiler_pool(name: &'static str) -> Pool {
+    let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
+    let mut pool = Pool::new(name, COMPILE_STACK, cores.max(2));
+    pool.awaited_at_exit = true;
+    pool
 }
 
 /// The pool for programs that may run long.
