@@ -415,7 +415,7 @@ defmodule EXLA.Defn do
       hooks: opts[:hooks] || %{},
       lazy_inputs: lazy_inputs(vars, opts),
       max_tensor_bytes: EXLA.Client.max_tensor_bytes(client),
-      f64: EXLA.Platform.f64?(client.platform),
+      qr_in_f64: EXLA.Platform.qr_in_f64?(client.platform),
       donate: donated_inputs(vars, opts[:donate])
     )
   end

@@ -22,12 +22,14 @@ defmodule EXLA.Platform do
   def env_var(platform), do: "EXLA_PJRT_PLUGIN_" <> String.upcase(Atom.to_string(platform))
 
   @doc """
-  Whether `platform`'s devices compute f64 (and c128): TPUs have neither.
-  The lowering widens to f64 only where this holds (see
-  `EXLA.Defn.Lowering.QR`).
+  Whether QR decompositions compute f32 in f64 on `platform` (see
+  `EXLA.Defn.Lowering.QR`): only on the host. A CPU computes f64 at half
+  its f32 rate and EXLA 0.7.2's accurate QR was the host's; GPUs compute
+  f64 at 1/2 (data-center parts) to 1/64 (consumer parts) of f32's rate,
+  TPUs not at all, and there EXLA 0.7.2 computed QR in f32 too.
   """
-  def f64?(:tpu), do: false
-  def f64?(_platform), do: true
+  def qr_in_f64?(:host), do: true
+  def qr_in_f64?(_platform), do: false
 
   @doc """
   The device files (globs) a platform's kernel driver creates on Linux:

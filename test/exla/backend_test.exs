@@ -345,8 +345,8 @@ defmodule EXLA.BackendTest do
       end
     end
 
-    # The one exception, qr, computes f32 in f64 where the platform has f64,
-    # eagerly as in jit (see EXLA.Defn.Lowering.QR and lin_alg_test.exs).
+    # The one exception, qr, computes f32 in f64 on the host, eagerly as in
+    # jit (see EXLA.Defn.Lowering.QR and lin_alg_test.exs).
     test "no f64 work for f32 input, eagerly or in jit" do
       f32 = fn shape -> Nx.template(shape, :f32) end
 

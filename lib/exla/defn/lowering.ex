@@ -30,9 +30,9 @@ defmodule EXLA.Defn.Lowering do
   #
   # Floats are computed in their own type: nothing is widened to f64, so a
   # program compiles for platforms without f64 (TPUs), with one exception:
-  # `qr` (a Householder QR, `EXLA.Defn.Lowering.QR`) computes f32 in f64
-  # where the platform has it (the `:f64` option, which the caller takes
-  # from `EXLA.Platform.f64?/1`). `EXLA.Backend`'s eager ops are lowered
+  # on the host `qr` (a Householder QR, `EXLA.Defn.Lowering.QR`) computes
+  # f32 in f64 (the `:qr_in_f64` option, which the caller takes from
+  # `EXLA.Platform.qr_in_f64?/1`). `EXLA.Backend`'s eager ops are lowered
   # here too, so they are the ops jit emits. `qr` and `lu`
   # (`EXLA.Defn.Lowering.LU`) have their own lowerings; other optional ops
   # lower Nx's default expression.
@@ -79,8 +79,8 @@ defmodule EXLA.Defn.Lowering do
       `ArgumentError` naming its operation (see `EXLA.MLIR.Check`).
       Defaults to 2^47 (128 TiB)
 
-    * `:f64` - whether the platform computes f64 (`EXLA.Platform.f64?/1`);
-      where it does, `qr` computes f32 in f64. Defaults to `true`
+    * `:qr_in_f64` - whether `qr` computes f32 in f64
+      (`EXLA.Platform.qr_in_f64?/1`). Defaults to `false`
 
     * `:donate` - positions of the inputs whose buffers the program may
       reuse for its outputs: each parameter among them is aliased to an
@@ -165,7 +165,7 @@ defmodule EXLA.Defn.Lowering do
         precision: :default,
         lazy_inputs: false,
         max_tensor_bytes: EXLA.Client.address_space_bytes(),
-        f64: true,
+        qr_in_f64: false,
         donate: [],
         arg_attrs: [],
         result_attrs: [],
@@ -190,7 +190,7 @@ defmodule EXLA.Defn.Lowering do
       hook_sites: [],
       lazy: nil,
       max_tensor_bytes: opts[:max_tensor_bytes],
-      f64: opts[:f64]
+      qr_in_f64: opts[:qr_in_f64]
     }
   end
 
@@ -545,7 +545,7 @@ defmodule EXLA.Defn.Lowering do
        ) do
     {x, b} = lower_value(tensor, b)
     template = Nx.template(dims(tensor), tensor.type)
-    expr = EXLA.Defn.Lowering.QR.expr(template, opts, b.assigns.f64)
+    expr = EXLA.Defn.Lowering.QR.expr(template, opts, b.assigns.qr_in_f64)
     {values, b} = isolated_scope(b, [x], &lower_container(expr, &1))
 
     {values, b} =

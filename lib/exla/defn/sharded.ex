@@ -87,7 +87,7 @@ defmodule EXLA.Defn.Sharded do
       EXLA.Defn.Lowering.to_mlir(expr, Enum.map(inputs, &EXLA.Defn.to_shape/1),
         precision: opts[:precision],
         max_tensor_bytes: EXLA.Client.max_tensor_bytes(client),
-        f64: EXLA.Platform.f64?(client.platform),
+        qr_in_f64: EXLA.Platform.qr_in_f64?(client.platform),
         arg_attrs: arg_attrs,
         result_attrs: List.duplicate([{"mhlo.sharding", ~s("{replicated}")}], result_count),
         module_attrs: [

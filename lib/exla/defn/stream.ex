@@ -126,7 +126,7 @@ defmodule EXLA.Defn.Stream do
         precision: opts[:precision],
         hooks: opts[:hooks] || %{},
         max_tensor_bytes: EXLA.Client.max_tensor_bytes(client),
-        f64: EXLA.Platform.f64?(client.platform)
+        qr_in_f64: EXLA.Platform.qr_in_f64?(client.platform)
       )
 
     main = &main(&1, &2, step)

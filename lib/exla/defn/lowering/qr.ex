@@ -12,15 +12,15 @@ defmodule EXLA.Defn.Lowering.QR do
   # Q. Reflectors are applied to the trailing columns of R and accumulated
   # into Q by rank-1 updates.
   #
-  # Working precision: where the platform computes f64 (all but TPUs), f32
+  # Working precision: on the host (see EXLA.Platform.qr_in_f64?/1), f32
   # and c64 are computed in f64 and c128 and rounded once: in f32, Q . R of
-  # the rank-deficient iota({4, 4}) was 2.3e-6 off (2.4 ulp of its largest
-  # entries), in f64 rounded to f32 it is within 1e-6, as EXLA 0.7.2's
-  # host QR. f16 and bf16 are computed as f32 is and rounded once more
-  # from f32 (so they are f32's result rounded; computing in f16 gave an
-  # error several times larger, and its squared norms overflow from
-  # entries of 256). Without f64 everything but f64 is computed in f32 or
-  # c64. Each reflector is computed from its
+  # the rank-deficient iota({4, 4}) was 2.4e-6 off (2.5 ulp of its largest
+  # entries; forward or backward accumulation of Q alike), in f64 rounded
+  # to f32 it is within 1e-6, as EXLA 0.7.2's host QR. Elsewhere they are
+  # computed in their own type. f16 and bf16 are computed as f32 is and
+  # rounded once more from f32 (so they are f32's result rounded;
+  # computing in f16 gave an error several times larger, and its squared
+  # norms overflow from entries of 256). Each reflector is computed from its
   # column divided by a power of two near the column's largest entry: an
   # exact scaling (the results are the same bits) under which the squared
   # norm neither overflows nor underflows. Signs follow Nx's
@@ -32,14 +32,14 @@ defmodule EXLA.Defn.Lowering.QR do
   import Nx.Defn
 
   @doc false
-  def expr(%Nx.Tensor{} = template, opts, f64?) do
+  def expr(%Nx.Tensor{} = template, opts, in_f64?) do
     mode = Keyword.get(opts, :mode, :reduced)
-    Nx.Defn.debug_expr(&qr(&1, mode: mode, f64: f64?)).(template)
+    Nx.Defn.debug_expr(&qr(&1, mode: mode, in_f64: in_f64?)).(template)
   end
 
   defn qr(a, opts \\ []) do
     {batch, m, n} = batched_shape(a)
-    r = a |> as_working_type(opts[:f64]) |> Nx.reshape({batch, m, n})
+    r = a |> as_working_type(opts[:in_f64]) |> Nx.reshape({batch, m, n})
     q = Nx.broadcast(Nx.eye(m, type: Nx.type(r)), {batch, m, m})
     rows = Nx.iota({batch, m, 1}, axis: 1)
     matrix_rows = Nx.iota({batch, m, n}, axis: 1)
@@ -112,8 +112,8 @@ defmodule EXLA.Defn.Lowering.QR do
   end
 
   # See "Working precision" at the top of this module.
-  deftransformp as_working_type(a, f64?) do
-    case {Nx.Type.to_floating(Nx.type(a)), f64?} do
+  deftransformp as_working_type(a, in_f64?) do
+    case {Nx.Type.to_floating(Nx.type(a)), in_f64?} do
       {{:c, _}, true} -> Nx.as_type(a, {:c, 128})
       {{:c, _} = type, _} -> Nx.as_type(a, type)
       {_, true} -> Nx.as_type(a, {:f, 64})
