@@ -130,7 +130,23 @@ defmodule EXLA.MemoryStatisticsTest do
     ref = Process.monitor(pid)
     send(pid, :exit)
     assert_receive {:DOWN, ^ref, _, _, _}
-    assert stats().allocated == before
+    # The DOWN message can arrive before the exiting process's heap, and
+    # with it the tensor's last reference, is freed on its scheduler.
+    assert allocated_soon(before) == before
+  end
+
+  defp allocated_soon(expected, tries \\ 100) do
+    case stats().allocated do
+      ^expected ->
+        expected
+
+      other when tries == 0 ->
+        other
+
+      _ ->
+        Process.sleep(10)
+        allocated_soon(expected, tries - 1)
+    end
   end
 
   test "the peak is the most held at once, until reset" do
