@@ -247,13 +247,10 @@ defmodule EXLA.Plugin do
   end
 
   defp prepare_cuda!(path, opts) do
-    key = {__MODULE__, :prepared, path}
-
-    unless :persistent_term.get(key, false) do
+    EXLA.Memo.get({__MODULE__, :prepared, path}, fn ->
       more = fn -> PythonEnv.asked_site_dirs(Install.python(opts)) end
       EXLA.Plugin.Cuda.prepare!(path, PythonEnv.site_dirs(), more)
-      :persistent_term.put(key, true)
-    end
+    end)
   end
 
   @doc """

@@ -32,15 +32,13 @@ defmodule EXLA.CompileCache.Usage do
 
   @doc "Records that a scan of `dir` left `total` bytes in it."
   def scanned(dir, total) do
-    counters =
-      counters(dir) ||
-        tap(:counters.new(2, [:write_concurrency]), &:persistent_term.put(key(dir), &1))
+    counters = EXLA.Memo.get(key(dir), fn -> :counters.new(2, [:write_concurrency]) end)
 
     :counters.put(counters, 1, total)
     :counters.put(counters, 2, 0)
     :ok
   end
 
-  defp counters(dir), do: :persistent_term.get(key(dir), nil)
+  defp counters(dir), do: EXLA.Memo.peek(key(dir))
   defp key(dir), do: {__MODULE__, dir}
 end

@@ -109,19 +109,8 @@ defmodule EXLA.Plugin.PythonEnv do
   """
   def asked_site_dirs(nil), do: []
 
-  def asked_site_dirs(python) do
-    key = {__MODULE__, :asked_site_dirs, python}
-
-    case :persistent_term.get(key, nil) do
-      nil ->
-        dirs = ask(python)
-        :persistent_term.put(key, dirs)
-        dirs
-
-      dirs ->
-        dirs
-    end
-  end
+  def asked_site_dirs(python),
+    do: EXLA.Memo.get({__MODULE__, :asked_site_dirs, python}, fn -> ask(python) end)
 
   defp ask(python) do
     case System.cmd(python, ["-c", @locations_script], stderr_to_stdout: true) do
