@@ -137,14 +137,7 @@ defmodule EXLA.CompileCache do
   "Configuration").
   """
   @spec dir() :: Path.t() | nil
-  def dir do
-    case Application.get_env(:exla, :cache_dir) do
-      nil -> Path.join(EXLA.Plugin.cache_dir(), "compiled")
-      false -> nil
-      dir when is_binary(dir) and dir != "" -> dir
-      other -> raise ArgumentError, bad_config(:cache_dir, "a path or false", other)
-    end
-  end
+  def dir, do: Config.dir()
 
   @doc false
   # Compiles `program` (an EXLA.MLIR.Program) for `client` with `opts`
@@ -360,9 +353,5 @@ defmodule EXLA.CompileCache do
     end
 
     :ok
-  end
-
-  defp bad_config(key, expected, value) do
-    "expected #{inspect(key)} of :exla to be #{expected}, got: #{inspect(value)}"
   end
 end

@@ -1,15 +1,26 @@
 defmodule EXLA.CompileCache.Config do
   @moduledoc false
-  # The limits of the compile cache directory (see "Configuration" in
-  # `EXLA.CompileCache`): each is the application environment's value, else
-  # its environment variable's, else the default. Both are read at every
-  # write, so a change applies to the next one.
+  # The configuration of the compile cache (see "Configuration" in
+  # `EXLA.CompileCache`): its directory, and the directory's limits, each
+  # the application environment's value, else its environment variable's,
+  # else the default. All are read where they are used (the limits at
+  # every write), so a change applies to the next use.
   import Bitwise, only: [<<<: 2]
 
   @default_max_size 1 <<< 30
   @default_min_compile_time 100
 
   @units %{"" => 1, "K" => 1 <<< 10, "M" => 1 <<< 20, "G" => 1 <<< 30, "T" => 1 <<< 40}
+
+  @doc "The cache directory, or `nil` when the cache is off."
+  def dir do
+    case Application.get_env(:exla, :cache_dir) do
+      nil -> Path.join(EXLA.Plugin.cache_dir(), "compiled")
+      false -> nil
+      dir when is_binary(dir) and dir != "" -> dir
+      other -> raise ArgumentError, bad_config(:cache_dir, "a path or false", other)
+    end
+  end
 
   @doc "The most bytes the directory's executables may take."
   def max_size do
