@@ -53,8 +53,9 @@ defmodule EXLA.Defn.Lowering do
   Returns `%{program: %EXLA.MLIR.Program{}, used_inputs: [index]}`, where
   the program's shapes are those of `@main`'s parameters (the chain
   included, lazy inputs left out) and results, its facts those the
-  builder recorded, and `:used_inputs` the inputs the expression reads. `@main`'s parameters are the inputs it reads and the donated
-  ones, in order: an input neither read nor donated is not a parameter, so
+  builder recorded, and `:used_inputs` the inputs the expression reads.
+  `@main`'s parameters are the inputs it reads and the donated ones, in
+  order: an input neither read nor donated is not a parameter, so
   callers never transfer it (nor build it, for a lazy container or a
   template).
 

@@ -3,8 +3,9 @@
 //! Where each call runs is decided by `EXLA.Executable` (see the README's
 //! "Where native calls run"); these functions only obey. Compiling runs on
 //! the big-stack threads of `pool::compiles()`, (de)serializing on those of
-//! `pool::serializes()`, and both reply by message; a run is one of three NIFs: on the calling process's
-//! scheduler, on a dirty CPU scheduler, or on a thread of `pool::runs()`.
+//! `pool::serializes()`, and both reply by message; a run is one of three
+//! NIFs: on the calling process's scheduler, on a dirty CPU scheduler, or
+//! on a thread of `pool::runs()`.
 
 use std::sync::Arc;
 use std::time::Instant;

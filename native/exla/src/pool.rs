@@ -87,7 +87,7 @@ struct Counts {
     queued: usize,
 }
 
-/// The pool for compiling and (de)serializing programs.
+/// The pool for compiling programs.
 pub fn compiles() -> &'static Pool {
     static POOL: OnceLock<Pool> = OnceLock::new();
     POOL.get_or_init(|| compiler_pool("exla-compile"))
