@@ -286,6 +286,43 @@ defmodule EXLA.StreamTest do
     assert Nx.to_number(Nx.Stream.done(stream)) == 4
   end
 
+  test "a stream whose program was compiled before takes its executable, and keeps its own hooks" do
+    ref = :telemetry_test.attach_event_handlers(self(), [[:exla, :compilation]])
+    on_exit(fn -> :telemetry.detach(ref) end)
+    parent = self()
+
+    # Two closures (two cache keys) lowering to one program text.
+    step = fn tag ->
+      fn x, acc ->
+        {Nx.Defn.Kernel.hook(Nx.multiply(x, 5), &send(parent, {tag, &1})), Nx.add(acc, x)}
+      end
+    end
+
+    first = EXLA.stream(step.(:first), [Nx.tensor(0.0), Nx.tensor(0.0)])
+    assert_received {[:exla, :compilation], ^ref, _, %{disk_cache: status}}
+    assert status in [:miss, :hit, :off]
+
+    second = EXLA.stream(step.(:second), [Nx.tensor(0.0), Nx.tensor(0.0)])
+    assert_received {[:exla, :compilation], ^ref, m, %{disk_cache: :memory}}
+    assert m.xla_compile_time == 0
+
+    # Both run at once, each with its accumulator and its hook.
+    Nx.Stream.send(first, 1.0)
+    Nx.Stream.send(second, 2.0)
+    Nx.Stream.send(first, 3.0)
+    assert Nx.to_number(Nx.Stream.recv(second)) == 10.0
+    assert Nx.to_number(Nx.Stream.recv(first)) == 5.0
+    assert Nx.to_number(Nx.Stream.recv(first)) == 15.0
+    assert Nx.to_number(Nx.Stream.done(first)) == 4.0
+    assert Nx.to_number(Nx.Stream.done(second)) == 2.0
+    assert_received {:first, a}
+    assert_received {:first, b}
+    assert Enum.sort([Nx.to_number(a), Nx.to_number(b)]) == [5.0, 15.0]
+    assert_received {:second, c}
+    assert Nx.to_number(c) == 10.0
+    refute_received {_, _}
+  end
+
   # A broad sample of ops in one step: a stream step is lowered as jit
   # lowers (Nx.floor/ceil/round once raised KeyError :wide here).
   defn many_ops(x, acc) do

@@ -94,7 +94,7 @@ defmodule EXLA.Defn.Stream do
   ## Compilation
 
   # Returns the stream's program and where its executable came from (see
-  # EXLA.CompileCache.compile/4).
+  # EXLA.CompileCache.Memory.compile/4).
   defp compile(client, device_id, input, vars, expr, opts) do
     {output, new_acc} = expr
     n_in = Composite.count(input)
@@ -141,7 +141,10 @@ defmodule EXLA.Defn.Stream do
 
     HostCallback.install!(client)
     compile_opts = [device_id: device_id]
-    {exe, disk_cache} = EXLA.CompileCache.compile(client, program, compile_opts, opts[:cache])
+    # As jit's: a stream whose program is the text of one compiled before
+    # takes its executable (the sites, kept beside it, are this stream's).
+    {exe, disk_cache} =
+      EXLA.CompileCache.Memory.compile(client, program, compile_opts, opts[:cache])
 
     stream_program = %{
       exe: exe,
