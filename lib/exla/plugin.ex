@@ -86,9 +86,10 @@ defmodule EXLA.Plugin do
     * `EXLA_PYTHON` - the Python interpreter used to install the CPU plugin
       and to look for installed plugin packages. Defaults to `python3`
 
-    * `EXLA_DOWNLOAD_TIMEOUT` - how many seconds the CPU plugin's download
-      waits for a network that does not answer before it gives up (it tries
-      twice). Defaults to 30
+    * `EXLA_DOWNLOAD_TIMEOUT` - how many seconds (a positive integer) the
+      CPU plugin's download waits for a network that does not answer before
+      it gives up (it tries twice); another value raises `ArgumentError`.
+      Defaults to 30
 
     * `TPU_LIBRARY_PATH` - the TPU plugin (`libtpu.so`), as JAX reads it
 

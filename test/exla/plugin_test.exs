@@ -610,6 +610,31 @@ defmodule EXLA.PluginTest do
       end
     end
 
+    test "an EXLA_DOWNLOAD_TIMEOUT that is no positive integer raises before anything runs",
+         %{tmp_dir: dir} do
+      if supported_arch?() do
+        ran = Path.join(dir, "ran")
+        python = script(dir, "python", "touch #{ran}\n")
+
+        for value <- ["soon", "0", "-5", "2.5"] do
+          error =
+            with_env("EXLA_DOWNLOAD_TIMEOUT", value, fn ->
+              assert_raise ArgumentError, fn ->
+                Plugin.install!(cache_dir: dir, python: python)
+              end
+            end)
+
+          assert Exception.message(error) ==
+                   "expected the environment variable EXLA_DOWNLOAD_TIMEOUT to be a " <>
+                     "positive number of seconds, got: #{inspect(value)}"
+        end
+
+        refute File.exists?(ran)
+        refute File.exists?(Plugin.cpu_plugin_path(cache_dir: dir))
+        assert leftovers(dir) == []
+      end
+    end
+
     test "explains what to do when the cache is not writable", %{tmp_dir: dir} do
       if supported_arch?() do
         python = script(dir, "python", "exit 0\n")

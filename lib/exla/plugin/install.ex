@@ -52,6 +52,7 @@ defmodule EXLA.Plugin.Install do
     else
       {wheel, _, _} = cpu_wheel!()
       python = python!(opts)
+      timeout = download_timeout()
 
       Logger.info(
         "EXLA is installing its CPU plugin (#{@cpu_package} #{@cpu_version}, " <>
@@ -60,7 +61,7 @@ defmodule EXLA.Plugin.Install do
 
       with_tmp_dir(Path.dirname(Path.dirname(dest)), fn tmp ->
         download_dir = Path.join(tmp, "download")
-        pip_download!(python, tmp, download_dir)
+        pip_download!(python, tmp, download_dir, timeout)
         install_from_wheel!(downloaded_wheel!(download_dir, wheel), opts)
       end)
     end
@@ -150,12 +151,10 @@ defmodule EXLA.Plugin.Install do
     end
   end
 
-  defp pip_download!(python, tmp, download_dir) do
+  defp pip_download!(python, tmp, download_dir, timeout) do
     hashes = for {_, {_, sha256, _}} <- Enum.sort(@cpu_wheels), do: " --hash=sha256:" <> sha256
     requirements = Path.join(tmp, "requirements.txt")
     File.write!(requirements, "#{@cpu_package}==#{@cpu_version}#{hashes}\n")
-
-    timeout = download_timeout()
 
     # A network that does not answer fails after the timeout, tried twice:
     # pip's own default retries five times with back-off.
@@ -259,12 +258,23 @@ defmodule EXLA.Plugin.Install do
   @default_download_timeout 30
 
   # Seconds pip waits for the network before it gives up on a connection.
+  # A value that is no positive integer raises, as the compile cache's
+  # variables do, instead of quietly waiting the default.
   defp download_timeout do
-    with value when is_binary(value) <- non_empty_env("EXLA_DOWNLOAD_TIMEOUT"),
-         {seconds, ""} when seconds > 0 <- Integer.parse(String.trim(value)) do
-      seconds
-    else
-      _ -> @default_download_timeout
+    case non_empty_env("EXLA_DOWNLOAD_TIMEOUT") do
+      nil ->
+        @default_download_timeout
+
+      value ->
+        case Integer.parse(String.trim(value)) do
+          {seconds, ""} when seconds > 0 ->
+            seconds
+
+          _ ->
+            raise ArgumentError,
+                  "expected the environment variable EXLA_DOWNLOAD_TIMEOUT to be a " <>
+                    "positive number of seconds, got: #{inspect(value)}"
+        end
     end
   end
 
