@@ -82,8 +82,8 @@ defmodule EXLA.CompileCache do
 
   Within a VM, a program whose MLIR text is one compiled (or loaded)
   before for the same client, device, replicas and partitions gets that
-  executable, with neither a compile nor a look on disk: the jit and
-  `EXLA.Backend` caches are keyed by what a program is made from (the
+  executable, with neither a compile nor a look on disk: the jit, stream
+  and `EXLA.Backend` caches are keyed by what a program is made from (the
   function, which is new for every closure made anew, the operation and
   its static arguments), and different keys often lower to the same text.
   The executable is the one the compile would give. The last 512 are kept;

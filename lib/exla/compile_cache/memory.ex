@@ -8,12 +8,12 @@ defmodule EXLA.CompileCache.Memory do
   # client), so the executable is the one a compile would give, and runs
   # give the same bits; the disk cache relies on the same fact.
   #
-  # The jit and EXLA.Backend caches are keyed by what the program is made
-  # from (the function, the operation and its arguments, the options);
-  # many different keys lower to one text (a closure made anew for each
-  # call, an operation reached with equivalent static arguments, a jitted
-  # function of one operation and that operation on EXLA.Backend), and each
-  # paid a compile.
+  # The jit, stream and EXLA.Backend caches are keyed by what the program
+  # is made from (the function, the operation and its arguments, the
+  # options); many different keys lower to one text (a closure made anew
+  # for each call, an operation reached with equivalent static arguments, a
+  # jitted function of one operation and that operation on EXLA.Backend),
+  # and each paid a compile.
   #
   # At most `@capacity` executables are kept, the oldest dropped first
   # (they live on as long as a cached program holds them). Reads go to an
