@@ -410,13 +410,15 @@ defmodule EXLA.Defn do
     input_shapes = Enum.map(Composite.flatten_list(vars), &to_shape/1)
     client = EXLA.Client.fetch!(opts[:client])
 
-    EXLA.Defn.Lowering.to_mlir(expr, input_shapes,
-      precision: opts[:precision],
-      hooks: opts[:hooks] || %{},
-      lazy_inputs: lazy_inputs(vars, opts),
-      max_tensor_bytes: EXLA.Client.max_tensor_bytes(client),
-      qr_in_f64: EXLA.Platform.qr_in_f64?(client.platform),
-      donate: donated_inputs(vars, opts[:donate])
+    EXLA.Defn.Lowering.to_mlir(
+      expr,
+      input_shapes,
+      [
+        precision: opts[:precision],
+        hooks: opts[:hooks] || %{},
+        lazy_inputs: lazy_inputs(vars, opts),
+        donate: donated_inputs(vars, opts[:donate])
+      ] ++ EXLA.Defn.Lowering.client_options(client)
     )
   end
 

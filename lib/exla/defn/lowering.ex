@@ -154,6 +154,19 @@ defmodule EXLA.Defn.Lowering do
   end
 
   @doc """
+  The options of `to_mlir/3` that `client` decides: `:max_tensor_bytes`
+  and `:qr_in_f64`. Every lowering for a client (jit, `EXLA.Backend`,
+  streams, `EXLA.shard_jit/3`) takes them from here, so that they all emit
+  the same program for the same expression.
+  """
+  def client_options(%EXLA.Client{} = client) do
+    [
+      max_tensor_bytes: EXLA.Client.max_tensor_bytes(client),
+      qr_in_f64: EXLA.Platform.qr_in_f64?(client.platform)
+    ]
+  end
+
+  @doc """
   The state a lowering starts from (the builder's assigns), for callers
   that build their own module around lowered expressions, such as
   `EXLA.Defn.Stream`. Takes the options of `to_mlir/3` (`:lazy_inputs` is

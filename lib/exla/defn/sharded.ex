@@ -84,16 +84,18 @@ defmodule EXLA.Defn.Sharded do
     result_count = length(Composite.flatten_list([expr]))
 
     %{program: program, used_inputs: params} =
-      EXLA.Defn.Lowering.to_mlir(expr, Enum.map(inputs, &EXLA.Defn.to_shape/1),
-        precision: opts[:precision],
-        max_tensor_bytes: EXLA.Client.max_tensor_bytes(client),
-        qr_in_f64: EXLA.Platform.qr_in_f64?(client.platform),
-        arg_attrs: arg_attrs,
-        result_attrs: List.duplicate([{"mhlo.sharding", ~s("{replicated}")}], result_count),
-        module_attrs: [
-          {"mhlo.num_partitions", "#{partitions} : i32"},
-          {"mhlo.num_replicas", "1 : i32"}
-        ]
+      EXLA.Defn.Lowering.to_mlir(
+        expr,
+        Enum.map(inputs, &EXLA.Defn.to_shape/1),
+        [
+          precision: opts[:precision],
+          arg_attrs: arg_attrs,
+          result_attrs: List.duplicate([{"mhlo.sharding", ~s("{replicated}")}], result_count),
+          module_attrs: [
+            {"mhlo.num_partitions", "#{partitions} : i32"},
+            {"mhlo.num_replicas", "1 : i32"}
+          ]
+        ] ++ EXLA.Defn.Lowering.client_options(client)
       )
 
     # The inputs the program reads are its parameters: without donation,

@@ -123,10 +123,8 @@ defmodule EXLA.Defn.Stream do
 
     state =
       Lowering.new_state(
-        precision: opts[:precision],
-        hooks: opts[:hooks] || %{},
-        max_tensor_bytes: EXLA.Client.max_tensor_bytes(client),
-        qr_in_f64: EXLA.Platform.qr_in_f64?(client.platform)
+        [precision: opts[:precision], hooks: opts[:hooks] || %{}] ++
+          Lowering.client_options(client)
       )
 
     main = &main(&1, &2, step)
