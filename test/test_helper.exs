@@ -15,4 +15,9 @@ ExUnit.after_suite(fn _ -> File.rm_rf(cache_dir) end)
 {:ok, features} = File.read(Path.join(:code.priv_dir(:exla), "libexla.so.features"))
 no_fault_injection = if features =~ "fault-injection", do: [], else: [:fault_injection]
 no_cargo = if System.find_executable("cargo"), do: [], else: [:cargo]
-ExUnit.start(exclude: [:slow, :distributed] ++ no_fault_injection ++ no_cargo)
+# :cuda tests need an NVIDIA device and a CUDA plugin (test/exla/gpu_test.exs);
+# looking for them creates no client.
+cuda? = EXLA.Plugin.may_have_devices?(:cuda) and match?({:ok, _}, EXLA.Plugin.find(:cuda))
+no_cuda = if cuda?, do: [], else: [:cuda]
+
+ExUnit.start(exclude: [:slow, :distributed] ++ no_fault_injection ++ no_cargo ++ no_cuda)
