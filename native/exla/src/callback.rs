@@ -262,11 +262,15 @@ impl Drop for SessionResource {
 /// The FFI target of the host-callback custom calls `EXLA.Defn.Lowering.HostCalls` emits.
 const TARGET: &str = "exla_host_callback";
 
-/// Registers the callback handler with the client's plugin; must run
-/// before compiling a program that uses it.
+/// Registers the callback handler with the client's plugin, for the
+/// client's platform; must run before compiling a program that uses it.
 #[rustler::nif]
 fn callback_install(client: ResourceArc<ClientResource>) -> NifResult<Atom> {
-    pjrt::host_callback::install(client.handle.plugin(), TARGET)?;
+    pjrt::host_callback::install(
+        client.handle.plugin(),
+        client.handle.platform_name(),
+        TARGET,
+    )?;
     Ok(atoms::ok())
 }
 

@@ -24,7 +24,14 @@
 //! Execute). It never unwinds: a panic in a callback, a missing session or
 //! a callback error becomes an XLA FFI error, which fails the execution with
 //! its message. The FFI C API structures are declared here by hand, only as
-//! far as they are used.
+//! far as they are used; they follow xla/ffi/api/c_api.h (checked against
+//! the copy jaxlib 0.11.2 ships in `jaxlib/include`, FFI API 0.4, and an
+//! older openxla/xla copy, FFI API 0.1: the fields used here are the same).
+//!
+//! On a CPU plugin the buffers are host memory and the handler reads and
+//! writes them in place. On a CUDA plugin they are device memory written
+//! and read by kernels queued on the call's stream: the handler copies
+//! through host memory on that stream (see `run_cuda` and `cuda.rs`).
 #![allow(non_camel_case_types)]
 
 use std::collections::{HashMap, HashSet};
@@ -38,8 +45,56 @@ use crate::error::{Error, Result};
 use crate::ffi::PJRT_Extension_Base;
 use crate::plugin::Plugin;
 
-/// Platform name the handler is registered for on CPU plugins.
-const PLATFORM: &str = "Host";
+/// The platform a handler is registered for, from the PJRT client's
+/// platform name, and how the handler reaches the buffers there.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Platform {
+    /// CPU plugins: buffers are host memory.
+    Host,
+    /// CUDA plugins: buffers are device memory, reached through the CUDA
+    /// driver on the call's stream.
+    Cuda,
+}
+
+impl Platform {
+    /// The platform of a client whose `PJRT_Client_PlatformName` is `name`
+    /// ("cpu" for XLA's CPU plugins, "cuda" for its CUDA plugins). Other
+    /// platforms (ROCm, TPU, ...) have no way to stage buffers here yet: an
+    /// error says so. ROCm would follow CUDA with HIP's equivalents.
+    pub fn from_client_name(name: &str) -> Result<Platform> {
+        match name.to_ascii_lowercase().as_str() {
+            "cpu" | "host" => Ok(Platform::Host),
+            "cuda" => Ok(Platform::Cuda),
+            other => Err(Error::invalid(format!(
+                "host callbacks (hooks, streams) are not supported on the {other} platform yet \
+                 (only on cpu and cuda)"
+            ))),
+        }
+    }
+
+    /// XLA's FFI platform name. XLA canonicalises it case-insensitively
+    /// (`PlatformUtil::CanonicalPlatformName` in
+    /// xla/service/platform_util.cc: "cpu" and "host" are the same); "Host"
+    /// is what this crate always registered on CPU, and "CUDA" is what
+    /// jaxlib registers its GPU FFI handlers for
+    /// (`XLA_FFI_REGISTER_HANDLER(..., "CUDA", ...)` in
+    /// jaxlib/gpu/gpu_kernels.cc).
+    pub fn ffi_name(self) -> &'static str {
+        match self {
+            Platform::Host => "Host",
+            Platform::Cuda => "CUDA",
+        }
+    }
+
+    /// The handler for this platform (one per platform, since one process
+    /// may have a CPU and a CUDA plugin, each with its own FFI registry).
+    fn handler(self) -> XLA_FFI_Handler {
+        match self {
+            Platform::Host => handler_host,
+            Platform::Cuda => handler_cuda,
+        }
+    }
+}
 
 /// `PJRT_Extension_Type_FFI` in the PJRT extension enum.
 const PJRT_EXTENSION_TYPE_FFI: c_int = 5;
@@ -84,7 +139,34 @@ const XLA_FFI_ERROR_CODE_INTERNAL: c_int = 13;
 type XLA_FFI_Error_Create =
     unsafe extern "C" fn(*mut XLA_FFI_Error_Create_Args) -> *mut XLA_FFI_Error;
 
-/// The head of `XLA_FFI_Api`, up to the first function.
+#[repr(C)]
+struct XLA_FFI_Error_Destroy_Args {
+    struct_size: usize,
+    extension_start: *mut XLA_FFI_Extension_Base,
+    error: *mut XLA_FFI_Error,
+}
+
+type XLA_FFI_Error_Destroy = unsafe extern "C" fn(*mut XLA_FFI_Error_Destroy_Args);
+
+#[repr(C)]
+struct XLA_FFI_Stream_Get_Args {
+    struct_size: usize,
+    extension_start: *mut XLA_FFI_Extension_Base,
+    ctx: *mut c_void,
+    stream: *mut c_void,
+}
+
+type XLA_FFI_Stream_Get = unsafe extern "C" fn(*mut XLA_FFI_Stream_Get_Args) -> *mut XLA_FFI_Error;
+
+type XLA_FFI_Handler = unsafe extern "C" fn(*mut XLA_FFI_CallFrame) -> *mut XLA_FFI_Error;
+
+/// The head of `XLA_FFI_Api`, up to `XLA_FFI_Stream_Get`. In c_api.h the
+/// functions follow `internal_api` in this order: Error_Create,
+/// Error_GetMessage (Error_GetDetails in newer XLA, same slot),
+/// Error_Destroy, Handler_Register, Stream_Get, then others not used here
+/// (the same in openxla/xla's FFI API 0.1 and jaxlib 0.11.2's 0.4). Only
+/// the slots used are typed; every slot is read only after `struct_size`
+/// says the caller's table has it.
 #[repr(C)]
 struct XLA_FFI_Api_Head {
     struct_size: usize,
@@ -92,6 +174,10 @@ struct XLA_FFI_Api_Head {
     api_version: XLA_FFI_Api_Version,
     internal_api: *const c_void,
     error_create: Option<XLA_FFI_Error_Create>,
+    error_get_message: *const c_void,
+    error_destroy: Option<XLA_FFI_Error_Destroy>,
+    handler_register: *const c_void,
+    stream_get: Option<XLA_FFI_Stream_Get>,
 }
 
 #[repr(C)]
@@ -238,31 +324,42 @@ pub fn session_count() -> usize {
 }
 
 /// Registers the handler with `plugin` as the FFI target `target`, the
-/// `call_target_name` of the programs' custom calls. Registering the same
-/// target with the same plugin again does nothing.
-pub fn install(plugin: &Plugin, target: &str) -> Result<()> {
-    static INSTALLED: OnceLock<Mutex<HashSet<(PathBuf, String)>>> = OnceLock::new();
+/// `call_target_name` of the programs' custom calls, for the platform of
+/// its clients: `client_platform` is a client's `platform_name()` (see
+/// `Platform::from_client_name`). Registering the same target with the
+/// same plugin again does nothing.
+pub fn install(plugin: &Plugin, client_platform: &str, target: &str) -> Result<()> {
+    type Installed = HashSet<(PathBuf, Platform, String)>;
+    static INSTALLED: OnceLock<Mutex<Installed>> = OnceLock::new();
     if target.is_empty() {
         return Err(Error::invalid(
             "the host callback target name must not be empty",
         ));
     }
+    let platform = Platform::from_client_name(client_platform)?;
+    if platform == Platform::Cuda {
+        // Fail here, with the reason, rather than in every call.
+        crate::cuda::driver().map_err(Error::invalid)?;
+    }
     let mut installed = INSTALLED
         .get_or_init(Default::default)
         .lock()
         .unwrap_or_else(|e| e.into_inner());
-    let key = (plugin.path().to_path_buf(), target.to_string());
+    let key = (plugin.path().to_path_buf(), platform, target.to_string());
     if installed.contains(&key) {
         return Ok(());
     }
     let register = find_register_handler(plugin)?;
+    let platform_name = platform.ffi_name();
     let mut args = PJRT_FFI_Register_Handler_Args {
         struct_size: std::mem::size_of::<PJRT_FFI_Register_Handler_Args>(),
         target_name: target.as_ptr().cast(),
         target_name_size: target.len(),
-        handler: handler as *mut c_void,
-        platform_name: PLATFORM.as_ptr().cast(),
-        platform_name_size: PLATFORM.len(),
+        handler: platform.handler() as *mut c_void,
+        platform_name: platform_name.as_ptr().cast(),
+        platform_name_size: platform_name.len(),
+        // Not command-buffer compatible: XLA:GPU must not capture the call
+        // in a CUDA graph (it would run once at capture, not per execution).
         traits: 0,
     };
     // SAFETY: the arguments follow the extension's struct; the strings are
@@ -300,9 +397,29 @@ fn find_register_handler(plugin: &Plugin) -> Result<PJRT_FFI_Register_Handler> {
     Err(unsupported())
 }
 
-// ---- The handler ----
+// ---- The handlers ----
 
-unsafe extern "C" fn handler(frame: *mut XLA_FFI_CallFrame) -> *mut XLA_FFI_Error {
+/// The handler registered for CPU plugins.
+unsafe extern "C" fn handler_host(frame: *mut XLA_FFI_CallFrame) -> *mut XLA_FFI_Error {
+    // SAFETY: XLA passes a valid call frame (or null) for the call.
+    unsafe { serve(frame, run_host) }
+}
+
+/// The handler registered for CUDA plugins.
+unsafe extern "C" fn handler_cuda(frame: *mut XLA_FFI_CallFrame) -> *mut XLA_FFI_Error {
+    // SAFETY: XLA passes a valid call frame (or null) for the call.
+    unsafe { serve(frame, run_cuda) }
+}
+
+/// What both handlers do: answer metadata queries, succeed at once in the
+/// stages other than execute (instantiate, prepare, initialize, and the
+/// command-buffer record stage of newer XLA, never used for a handler
+/// without the command-buffer trait), and run `run` in the execute stage,
+/// turning its error or panic into an XLA FFI error.
+unsafe fn serve(
+    frame: *mut XLA_FFI_CallFrame,
+    run: unsafe fn(&XLA_FFI_CallFrame) -> std::result::Result<(), String>,
+) -> *mut XLA_FFI_Error {
     if frame.is_null() {
         return std::ptr::null_mut();
     }
@@ -371,16 +488,26 @@ unsafe fn answer_metadata(frame: &XLA_FFI_CallFrame) -> bool {
     true
 }
 
+/// Whether the caller's `XLA_FFI_Api` table (non-null) is at least `end`
+/// bytes long: slots are read only below that, and only through raw
+/// pointers, since `XLA_FFI_Api_Head` may be longer than an old table.
+unsafe fn api_has(api: *const XLA_FFI_Api_Head, end: usize) -> bool {
+    // SAFETY: every XLA_FFI_Api begins with its struct_size.
+    unsafe { std::ptr::addr_of!((*api).struct_size).read() >= end }
+}
+
 unsafe fn make_error(api: *const XLA_FFI_Api_Head, message: &str) -> *mut XLA_FFI_Error {
     if api.is_null() {
         return std::ptr::null_mut();
     }
-    let api = unsafe { &*api };
-    let needed =
-        std::mem::offset_of!(XLA_FFI_Api_Head, error_create) + std::mem::size_of::<usize>();
-    let create = match api.error_create {
-        Some(f) if api.struct_size >= needed => f,
-        _ => return std::ptr::null_mut(),
+    let end = std::mem::offset_of!(XLA_FFI_Api_Head, error_create) + std::mem::size_of::<usize>();
+    if !unsafe { api_has(api, end) } {
+        return std::ptr::null_mut();
+    }
+    // SAFETY: the table holds this slot (checked above).
+    let create = match unsafe { std::ptr::addr_of!((*api).error_create).read() } {
+        Some(f) => f,
+        None => return std::ptr::null_mut(),
     };
     let text = CString::new(message.replace('\0', " ")).unwrap_or_default();
     let mut args = XLA_FFI_Error_Create_Args {
@@ -476,9 +603,12 @@ fn bytes_mut<'a>(raw: &RawBuffer<'a>) -> &'a mut [u8] {
     }
 }
 
-unsafe fn run(frame: &XLA_FFI_CallFrame) -> std::result::Result<(), String> {
-    let args = unsafe { buffers(&frame.args, "operands") }?;
-    let rets = unsafe { buffers(&frame.rets, "results") }?;
+/// Checks the operands and results every call has: `%chain` (ui64) and
+/// `%site` (ui32) first, then at least the chain result (ui64).
+fn check_signature(
+    args: &[RawBuffer<'_>],
+    rets: &[RawBuffer<'_>],
+) -> std::result::Result<(), String> {
     if args.len() < 2 || rets.is_empty() {
         return Err("a host callback takes a chain and a site and returns a chain".into());
     }
@@ -492,20 +622,34 @@ unsafe fn run(frame: &XLA_FFI_CallFrame) -> std::result::Result<(), String> {
             "a host callback's chain must be a ui64 scalar and its site a ui32 scalar".into(),
         );
     }
-    let id_bytes = bytes(chain);
-    let id = u64::from_ne_bytes(id_bytes.try_into().map_err(|_| "bad chain")?);
-    let site = u32::from_ne_bytes(bytes(site).try_into().map_err(|_| "bad site")?);
     let first = &rets[0];
     if first.dtype != XLA_FFI_DATATYPE_U64 || first.len != 8 {
         return Err("a host callback's first result must be a ui64 scalar".into());
     }
-    bytes_mut(first).copy_from_slice(id_bytes);
-    let callback = sessions()
+    Ok(())
+}
+
+/// The callback of session `id`, or why there is none.
+fn session(id: u64) -> std::result::Result<Arc<dyn HostCallback>, String> {
+    sessions()
         .read()
         .unwrap_or_else(|e| e.into_inner())
         .get(&id)
         .cloned()
-        .ok_or_else(|| format!("host callback session {id} is closed"))?;
+        .ok_or_else(|| format!("host callback session {id} is closed"))
+}
+
+/// CPU: the buffers are host memory, read and written in place.
+unsafe fn run_host(frame: &XLA_FFI_CallFrame) -> std::result::Result<(), String> {
+    let args = unsafe { buffers(&frame.args, "operands") }?;
+    let rets = unsafe { buffers(&frame.rets, "results") }?;
+    check_signature(&args, &rets)?;
+    let (chain, site) = (&args[0], &args[1]);
+    let id_bytes = bytes(chain);
+    let id = u64::from_ne_bytes(id_bytes.try_into().map_err(|_| "bad chain")?);
+    let site = u32::from_ne_bytes(bytes(site).try_into().map_err(|_| "bad site")?);
+    bytes_mut(&rets[0]).copy_from_slice(id_bytes);
+    let callback = session(id)?;
     let views: Vec<ArgView<'_>> = args[2..]
         .iter()
         .map(|raw| ArgView {
@@ -523,4 +667,216 @@ unsafe fn run(frame: &XLA_FFI_CallFrame) -> std::result::Result<(), String> {
         })
         .collect();
     callback.call(site, &views, &mut outs)
+}
+
+/// The call's CUDA stream, from `XLA_FFI_Stream_Get` (a `CUstream` on the
+/// CUDA platform, c_api.h).
+unsafe fn stream_of(
+    frame: &XLA_FFI_CallFrame,
+) -> std::result::Result<crate::cuda::CUstream, String> {
+    let api = frame.api;
+    if api.is_null() {
+        return Err("host callback: the call frame has no XLA FFI API".into());
+    }
+    let end = std::mem::offset_of!(XLA_FFI_Api_Head, stream_get) + std::mem::size_of::<usize>();
+    if !unsafe { api_has(api, end) } {
+        return Err("host callback: the XLA FFI API table has no XLA_FFI_Stream_Get".into());
+    }
+    // SAFETY: the table holds this slot (checked above).
+    let get = unsafe { std::ptr::addr_of!((*api).stream_get).read() }
+        .ok_or("host callback: XLA_FFI_Stream_Get is null")?;
+    let mut args = XLA_FFI_Stream_Get_Args {
+        struct_size: std::mem::size_of::<XLA_FFI_Stream_Get_Args>(),
+        extension_start: std::ptr::null_mut(),
+        ctx: frame.ctx,
+        stream: std::ptr::null_mut(),
+    };
+    // SAFETY: the arguments follow c_api.h; XLA writes the stream.
+    let error = unsafe { crate::guard::call("XLA_FFI_Stream_Get", get, &mut args) }
+        .map_err(|e| format!("host callback: {e}"))?;
+    if !error.is_null() {
+        // SAFETY: `error` is XLA's, handed over to be destroyed.
+        unsafe { destroy_error(api, error) };
+        return Err(
+            "host callback: XLA_FFI_Stream_Get failed (no CUDA stream for the call)".into(),
+        );
+    }
+    if args.stream.is_null() {
+        // The null CUstream is CUDA's legacy default stream, which XLA's
+        // non-blocking streams are not ordered with: copies there could
+        // race the kernels, so refuse rather than guess.
+        return Err("host callback: XLA_FFI_Stream_Get gave no CUDA stream".into());
+    }
+    Ok(args.stream)
+}
+
+/// Destroys an error an XLA FFI API function returned (leaks it where the
+/// table has no XLA_FFI_Error_Destroy).
+unsafe fn destroy_error(api: *const XLA_FFI_Api_Head, error: *mut XLA_FFI_Error) {
+    let end = std::mem::offset_of!(XLA_FFI_Api_Head, error_destroy) + std::mem::size_of::<usize>();
+    if !unsafe { api_has(api, end) } {
+        return;
+    }
+    // SAFETY: the table holds this slot (checked above).
+    if let Some(destroy) = unsafe { std::ptr::addr_of!((*api).error_destroy).read() } {
+        let mut args = XLA_FFI_Error_Destroy_Args {
+            struct_size: std::mem::size_of::<XLA_FFI_Error_Destroy_Args>(),
+            extension_start: std::ptr::null_mut(),
+            error,
+        };
+        // SAFETY: the arguments follow c_api.h; `error` is destroyed once.
+        let _ = unsafe { crate::guard::call_void("XLA_FFI_Error_Destroy", destroy, &mut args) };
+    }
+}
+
+/// CUDA: the buffers are device memory, written and read by kernels queued
+/// on the call's stream. The operands are copied to host memory on that
+/// stream (ordered after the kernels that produce them), the stream is
+/// waited for, the callback runs on the host copies, and the results are
+/// copied back on the stream, which is waited for again so that the host
+/// copies outlive the transfers (later kernels on the stream are ordered
+/// after them anyway).
+unsafe fn run_cuda(frame: &XLA_FFI_CallFrame) -> std::result::Result<(), String> {
+    let driver = crate::cuda::driver()?;
+    let args = unsafe { buffers(&frame.args, "operands") }?;
+    let rets = unsafe { buffers(&frame.rets, "results") }?;
+    check_signature(&args, &rets)?;
+    let stream = unsafe { stream_of(frame) }?;
+    let _context = driver.enter_stream_context(stream)?;
+
+    let mut inputs: Vec<Vec<u8>> = args.iter().map(|raw| vec![0u8; raw.len]).collect();
+    for (host, raw) in inputs.iter_mut().zip(&args) {
+        // SAFETY: `raw.data` is device memory of `raw.len` bytes, live for
+        // the call; the stream is synchronised below, before `host` is read.
+        unsafe { driver.copy_to_host(host, raw.data as crate::cuda::CUdeviceptr, stream) }?;
+    }
+    driver.synchronize(stream)?;
+
+    let id_bytes: [u8; 8] = inputs[0].as_slice().try_into().map_err(|_| "bad chain")?;
+    let id = u64::from_ne_bytes(id_bytes);
+    let site = u32::from_ne_bytes(inputs[1].as_slice().try_into().map_err(|_| "bad site")?);
+    let mut outputs: Vec<Vec<u8>> = rets.iter().map(|raw| vec![0u8; raw.len]).collect();
+    outputs[0].copy_from_slice(&id_bytes);
+    let callback = session(id)?;
+    let views: Vec<ArgView<'_>> = args[2..]
+        .iter()
+        .zip(&inputs[2..])
+        .map(|(raw, host)| ArgView {
+            dtype: raw.dtype,
+            dims: raw.dims,
+            bytes: host,
+        })
+        .collect();
+    let mut outs: Vec<RetView<'_>> = rets[1..]
+        .iter()
+        .zip(outputs[1..].iter_mut())
+        .map(|(raw, host)| RetView {
+            dtype: raw.dtype,
+            dims: raw.dims,
+            bytes: host,
+        })
+        .collect();
+    callback.call(site, &views, &mut outs)?;
+    drop(outs);
+
+    for (host, raw) in outputs.iter().zip(&rets) {
+        // SAFETY: `raw.data` is writable device memory of `raw.len` bytes,
+        // live for the call; `host` lives until the stream is synchronised.
+        unsafe { driver.copy_to_device(raw.data as crate::cuda::CUdeviceptr, host, stream) }?;
+    }
+    driver.synchronize(stream)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::mem::{offset_of, size_of};
+
+    #[test]
+    fn the_platform_comes_from_the_client_name() {
+        for name in ["cpu", "CPU", "host"] {
+            assert_eq!(Platform::from_client_name(name).unwrap(), Platform::Host);
+        }
+        assert_eq!(Platform::from_client_name("cuda").unwrap(), Platform::Cuda);
+        assert_eq!(Platform::Host.ffi_name(), "Host");
+        assert_eq!(Platform::Cuda.ffi_name(), "CUDA");
+        for name in ["rocm", "tpu", "gpu"] {
+            let err = Platform::from_client_name(name).unwrap_err().to_string();
+            assert!(
+                err.contains(&format!("not supported on the {name} platform")),
+                "{err}"
+            );
+        }
+    }
+
+    #[test]
+    fn each_platform_has_its_own_handler() {
+        assert_ne!(
+            Platform::Host.handler() as usize,
+            Platform::Cuda.handler() as usize
+        );
+    }
+
+    /// The offsets the handlers rely on, on 64-bit hosts, as the field order
+    /// of xla/ffi/api/c_api.h gives them (size_t and pointers 8 bytes, enums
+    /// and ints 4).
+    #[cfg(target_pointer_width = "64")]
+    #[test]
+    fn ffi_layouts_follow_c_api_h() {
+        // XLA_FFI_Api: struct_size, extension_start, api_version (24
+        // bytes), internal_api, then Error_Create, Error_GetMessage (or
+        // GetDetails), Error_Destroy, Handler_Register, Stream_Get.
+        assert_eq!(size_of::<XLA_FFI_Api_Version>(), 24);
+        assert_eq!(offset_of!(XLA_FFI_Api_Head, api_version), 16);
+        assert_eq!(offset_of!(XLA_FFI_Api_Head, internal_api), 40);
+        assert_eq!(offset_of!(XLA_FFI_Api_Head, error_create), 48);
+        assert_eq!(offset_of!(XLA_FFI_Api_Head, error_get_message), 56);
+        assert_eq!(offset_of!(XLA_FFI_Api_Head, error_destroy), 64);
+        assert_eq!(offset_of!(XLA_FFI_Api_Head, handler_register), 72);
+        assert_eq!(offset_of!(XLA_FFI_Api_Head, stream_get), 80);
+        assert_eq!(size_of::<XLA_FFI_Api_Head>(), 88);
+        // XLA_FFI_Stream_Get_Args: struct_size, extension_start, ctx, stream.
+        assert_eq!(offset_of!(XLA_FFI_Stream_Get_Args, ctx), 16);
+        assert_eq!(offset_of!(XLA_FFI_Stream_Get_Args, stream), 24);
+        assert_eq!(size_of::<XLA_FFI_Stream_Get_Args>(), 32);
+        // XLA_FFI_Error_Destroy_Args: struct_size, extension_start, error.
+        assert_eq!(offset_of!(XLA_FFI_Error_Destroy_Args, error), 16);
+        // XLA_FFI_CallFrame: struct_size, extension_start, api, ctx, stage,
+        // then the args, rets and attrs structs.
+        assert_eq!(offset_of!(XLA_FFI_CallFrame, api), 16);
+        assert_eq!(offset_of!(XLA_FFI_CallFrame, ctx), 24);
+        assert_eq!(offset_of!(XLA_FFI_CallFrame, stage), 32);
+        assert_eq!(offset_of!(XLA_FFI_CallFrame, args), 40);
+        assert_eq!(offset_of!(XLA_FFI_CallFrame, rets), 80);
+        assert_eq!(offset_of!(XLA_FFI_CallFrame, attrs), 120);
+        // XLA_FFI_Buffer: struct_size, extension_start, dtype, data, rank, dims.
+        assert_eq!(offset_of!(XLA_FFI_Buffer, data), 24);
+        assert_eq!(offset_of!(XLA_FFI_Buffer, dims), 40);
+        // PJRT_FFI_Register_Handler_Args (pjrt_c_api_ffi_extension.h).
+        assert_eq!(offset_of!(PJRT_FFI_Register_Handler_Args, handler), 24);
+        assert_eq!(
+            offset_of!(PJRT_FFI_Register_Handler_Args, platform_name),
+            32
+        );
+        assert_eq!(offset_of!(PJRT_FFI_Register_Handler_Args, traits), 48);
+    }
+
+    #[test]
+    fn a_short_api_table_has_no_stream_get() {
+        // A table that ends after Error_Create: the stream slot is not read.
+        let mut head: XLA_FFI_Api_Head = unsafe { std::mem::zeroed() };
+        head.struct_size = offset_of!(XLA_FFI_Api_Head, error_create) + size_of::<usize>();
+        let frame = XLA_FFI_CallFrame {
+            struct_size: size_of::<XLA_FFI_CallFrame>(),
+            extension_start: std::ptr::null_mut(),
+            api: &head,
+            ctx: std::ptr::null_mut(),
+            stage: XLA_FFI_EXECUTION_STAGE_EXECUTE,
+            args: unsafe { std::mem::zeroed() },
+            rets: unsafe { std::mem::zeroed() },
+            attrs: unsafe { std::mem::zeroed() },
+        };
+        let err = unsafe { stream_of(&frame) }.unwrap_err();
+        assert!(err.contains("has no XLA_FFI_Stream_Get"), "{err}");
+    }
 }

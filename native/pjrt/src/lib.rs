@@ -7,6 +7,7 @@
 mod buffer;
 mod client;
 mod compile_options;
+mod cuda;
 pub mod debug_options;
 mod error;
 mod event;

@@ -31,8 +31,8 @@ module {
 
 fn client() -> Arc<Client> {
     let plugin = common::plugin();
-    host_callback::install(&plugin, TARGET).unwrap();
-    host_callback::install(&plugin, TARGET).unwrap();
+    host_callback::install(&plugin, "cpu", TARGET).unwrap();
+    host_callback::install(&plugin, "cpu", TARGET).unwrap();
     Client::create(
         &plugin,
         &[("cpu_device_count".into(), OptionValue::Int64(1))],
