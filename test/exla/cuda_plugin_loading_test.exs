@@ -47,6 +47,9 @@ defmodule EXLA.CudaPluginLoadingTest do
     end
   end
 
+  @tag cpu_only:
+         "stands for a host without NVIDIA's libraries; on a GPU host the loader finds " <>
+           "them on the system's library path however the fake layout is arranged"
   test "without the preloading, the plugin does not load", %{root: root} do
     venv = Path.join(root, "complete")
     plugin = Path.join([venv, @site, @plugin])
@@ -56,6 +59,9 @@ defmodule EXLA.CudaPluginLoadingTest do
     assert result =~ "libcublas.so.13: cannot open shared object file"
   end
 
+  @tag cpu_only:
+         "stands for a host without NVIDIA's libraries; on a GPU host the loader finds " <>
+           "them on the system's library path however the fake layout is arranged"
   test "missing NVIDIA libraries are named, with what to install", %{root: root} do
     venv = Path.join(root, "incomplete")
     {result, loaded} = run_fresh(root, venv, Path.join(root, "driver"), load_cuda_client())

@@ -275,6 +275,9 @@ defmodule EXLA.VMSafetyTest do
     # reports any process that holds a scheduler for 100 ms or more; the
     # ticker's count is only checked loosely, since it also depends on how
     # busy the machine is.
+    @tag cpu_only:
+           "20 million loop steps take seconds on the CPU; a GPU runs each step's " <>
+             "condition from the host, for minutes, and every other program waits for the device"
     test "a ticker keeps ticking while a long while loop runs" do
       spin = EXLA.jit(&Loop.spin/2)
       x = Nx.tensor(0.5)
@@ -319,6 +322,9 @@ defmodule EXLA.VMSafetyTest do
     # be killed. Plugins without infeed may refuse it at compile time; if
     # one compiles it, its run waits on a native thread, and the caller can
     # be killed.
+    @tag cpu_only:
+           "the CPU plugin refuses infeed; a GPU runs the program, which then holds " <>
+             "the device until fed, and no other test's program runs again"
     test "a program waiting for infeed never blocks a scheduler" do
       mlir = """
       module {
