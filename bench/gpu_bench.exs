@@ -140,6 +140,8 @@ defmodule GpuBench do
   def record(dir, key, value) do
     value = if is_float(value), do: Float.to_string(value), else: to_string(value)
     File.write!(Path.join(dir, "exla_results.txt"), "#{key}\t#{value}\n", [:append])
+    # Also in the log, so a run stopped before the table keeps its numbers.
+    IO.puts("  #{key} = #{value}")
   end
 
   ## The EXLA process

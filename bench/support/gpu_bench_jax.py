@@ -374,8 +374,11 @@ def main(d):
     out = open(os.path.join(d, "jax_results.txt"), "w")
 
     def record(key, value):
-        out.write("%s\t%s\n" % (key, repr(value) if isinstance(value, float) else value))
+        text = repr(value) if isinstance(value, float) else value
+        out.write("%s\t%s\n" % (key, text))
         out.flush()
+        # Also in the log, so a run stopped before the table keeps its numbers.
+        print("  %s = %s" % (key, text), flush=True)
 
     device = jax.devices()[0]
     record("info.device", "JAX %s, %s (%s)" % (jax.__version__, device.device_kind, device.platform))
