@@ -16,10 +16,9 @@ ExUnit.after_suite(fn _ -> File.rm_rf(cache_dir) end)
 no_fault_injection = if features =~ "fault-injection", do: [], else: [:fault_injection]
 no_cargo = if System.find_executable("cargo"), do: [], else: [:cargo]
 # :cuda tests need an NVIDIA device and a CUDA plugin (test/exla/gpu_test.exs);
-# looking for them creates no client. Where they are found, CUDA is the
+# where they are found (EXLA.TestPlatform), CUDA is the
 # default client, and :cpu_only tests, whose tag's value says why they hold
 # only where the default client is the CPU's, are left out.
-cuda? = EXLA.Plugin.may_have_devices?(:cuda) and match?({:ok, _}, EXLA.Plugin.find(:cuda))
-by_platform = if cuda?, do: [:cpu_only], else: [:cuda]
+by_platform = if EXLA.TestPlatform.cuda?(), do: [:cpu_only], else: [:cuda]
 
 ExUnit.start(exclude: [:slow, :distributed] ++ no_fault_injection ++ no_cargo ++ by_platform)

@@ -27,13 +27,26 @@ defmodule EXLA.GPUTest do
 
   defp on(node, function, args \\ []), do: :erpc.call(node, GPUChecks, function, args, 120_000)
 
-  # nvidia-smi's used memory after `fun`, less that before it.
+  # nvidia-smi's used memory after `fun`, less that before it. The count
+  # before is taken once it holds still: the peers of an earlier test stop
+  # after it ends, and their memory goes back meanwhile.
   defp device_memory_delta(fun) do
-    before = GPUChecks.nvidia_smi_memory().used
+    before = settled_memory(GPUChecks.nvidia_smi_memory().used, 40)
     result = fun.()
     # The driver's count lags allocations briefly.
     Process.sleep(500)
     {GPUChecks.nvidia_smi_memory().used - before, result}
+  end
+
+  defp settled_memory(used, 0), do: used
+
+  defp settled_memory(used, tries) do
+    Process.sleep(250)
+
+    case GPUChecks.nvidia_smi_memory().used do
+      ^used -> used
+      now -> settled_memory(now, tries - 1)
+    end
   end
 
   describe "client options" do

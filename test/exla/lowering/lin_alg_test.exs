@@ -149,6 +149,10 @@ defmodule EXLA.Lowering.LinAlgTest do
       q |> Nx.dot(r) |> Nx.subtract(a) |> Nx.abs() |> Nx.reduce_max() |> Nx.to_number()
     end
 
+    @tag cpu_only:
+           "EXLA computes f32 QR in f64 on the host client only " <>
+             "(EXLA.Platform.qr_in_f64?/1); on a GPU it stays in f32, where " <>
+             "Q . R was 3.3e-6 from iota({4, 4}) on an H200"
     test "f32 iota({4, 4}): Q . R within 1e-6" do
       a = Nx.iota({4, 4}, type: :f32)
       {q, r} = qr_jit_and_eager(a)
