@@ -135,18 +135,10 @@ defmodule EXLA.MemoryStatisticsTest do
     assert allocated_soon(before) == before
   end
 
-  defp allocated_soon(expected, tries \\ 100) do
-    case stats().allocated do
-      ^expected ->
-        expected
-
-      other when tries == 0 ->
-        other
-
-      _ ->
-        Process.sleep(10)
-        allocated_soon(expected, tries - 1)
-    end
+  # The allocated bytes once they reach `expected` (or after a second).
+  defp allocated_soon(expected) do
+    EXLA.TestWait.until(fn -> stats().allocated == expected end)
+    stats().allocated
   end
 
   test "the peak is the most held at once, until reset" do

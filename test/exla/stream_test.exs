@@ -259,7 +259,7 @@ defmodule EXLA.StreamTest do
 
     assert_receive {:DOWN, ^ref, :process, ^pid, :crash}, 5000
     assert_receive {:stream, stream}
-    wait_until(fn -> EXLA.HostCallback.session_count() <= before end)
+    assert EXLA.TestWait.until(fn -> EXLA.HostCallback.session_count() <= before end, 100, 20)
     assert_raise RuntimeError, ~r/closed/, fn -> Nx.Stream.send(stream, 1) end
     assert Nx.to_number(EXLA.jit(&Nx.add/2).(1, 2)) == 3
   end
@@ -431,13 +431,5 @@ defmodule EXLA.StreamTest do
     rss_growth = rss_kb() - rss
     assert rss_growth < 50_000, "the process's RSS grew by #{rss_growth} kB"
     assert Nx.to_number(Nx.Stream.done(stream)) == 105_000
-  end
-
-  defp wait_until(fun, tries \\ 100) do
-    cond do
-      fun.() -> :ok
-      tries == 0 -> flunk("condition not met")
-      true -> Process.sleep(20) && wait_until(fun, tries - 1)
-    end
   end
 end
