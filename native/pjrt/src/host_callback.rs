@@ -639,34 +639,53 @@ fn session(id: u64) -> std::result::Result<Arc<dyn HostCallback>, String> {
         .ok_or_else(|| format!("host callback session {id} is closed"))
 }
 
+/// Calls the session the chain names, given the call's buffers (for their
+/// types and dimensions) and the host bytes of each: `inputs[i]` holds
+/// `args[i]`'s, and `outputs[i]` receives `rets[i]`'s. The chain result
+/// gets the chain's id; the callback fills the other results.
+fn dispatch(
+    args: &[RawBuffer<'_>],
+    inputs: &[&[u8]],
+    rets: &[RawBuffer<'_>],
+    outputs: Vec<&mut [u8]>,
+) -> std::result::Result<(), String> {
+    let id_bytes: [u8; 8] = inputs[0].try_into().map_err(|_| "bad chain")?;
+    let id = u64::from_ne_bytes(id_bytes);
+    let site = u32::from_ne_bytes(inputs[1].try_into().map_err(|_| "bad site")?);
+    let mut outputs = outputs.into_iter();
+    outputs
+        .next()
+        .ok_or("a host callback returns a chain")?
+        .copy_from_slice(&id_bytes);
+    let callback = session(id)?;
+    let views: Vec<ArgView<'_>> = args[2..]
+        .iter()
+        .zip(&inputs[2..])
+        .map(|(raw, host)| ArgView {
+            dtype: raw.dtype,
+            dims: raw.dims,
+            bytes: host,
+        })
+        .collect();
+    let mut outs: Vec<RetView<'_>> = rets[1..]
+        .iter()
+        .zip(outputs)
+        .map(|(raw, host)| RetView {
+            dtype: raw.dtype,
+            dims: raw.dims,
+            bytes: host,
+        })
+        .collect();
+    callback.call(site, &views, &mut outs)
+}
+
 /// CPU: the buffers are host memory, read and written in place.
 unsafe fn run_host(frame: &XLA_FFI_CallFrame) -> std::result::Result<(), String> {
     let args = unsafe { buffers(&frame.args, "operands") }?;
     let rets = unsafe { buffers(&frame.rets, "results") }?;
     check_signature(&args, &rets)?;
-    let (chain, site) = (&args[0], &args[1]);
-    let id_bytes = bytes(chain);
-    let id = u64::from_ne_bytes(id_bytes.try_into().map_err(|_| "bad chain")?);
-    let site = u32::from_ne_bytes(bytes(site).try_into().map_err(|_| "bad site")?);
-    bytes_mut(&rets[0]).copy_from_slice(id_bytes);
-    let callback = session(id)?;
-    let views: Vec<ArgView<'_>> = args[2..]
-        .iter()
-        .map(|raw| ArgView {
-            dtype: raw.dtype,
-            dims: raw.dims,
-            bytes: bytes(raw),
-        })
-        .collect();
-    let mut outs: Vec<RetView<'_>> = rets[1..]
-        .iter()
-        .map(|raw| RetView {
-            dtype: raw.dtype,
-            dims: raw.dims,
-            bytes: bytes_mut(raw),
-        })
-        .collect();
-    callback.call(site, &views, &mut outs)
+    let inputs: Vec<&[u8]> = args.iter().map(bytes).collect();
+    dispatch(&args, &inputs, &rets, rets.iter().map(bytes_mut).collect())
 }
 
 /// The call's CUDA stream, from `XLA_FFI_Stream_Get` (a `CUstream` on the
@@ -752,32 +771,10 @@ unsafe fn run_cuda(frame: &XLA_FFI_CallFrame) -> std::result::Result<(), String>
     }
     driver.synchronize(stream)?;
 
-    let id_bytes: [u8; 8] = inputs[0].as_slice().try_into().map_err(|_| "bad chain")?;
-    let id = u64::from_ne_bytes(id_bytes);
-    let site = u32::from_ne_bytes(inputs[1].as_slice().try_into().map_err(|_| "bad site")?);
     let mut outputs: Vec<Vec<u8>> = rets.iter().map(|raw| vec![0u8; raw.len]).collect();
-    outputs[0].copy_from_slice(&id_bytes);
-    let callback = session(id)?;
-    let views: Vec<ArgView<'_>> = args[2..]
-        .iter()
-        .zip(&inputs[2..])
-        .map(|(raw, host)| ArgView {
-            dtype: raw.dtype,
-            dims: raw.dims,
-            bytes: host,
-        })
-        .collect();
-    let mut outs: Vec<RetView<'_>> = rets[1..]
-        .iter()
-        .zip(outputs[1..].iter_mut())
-        .map(|(raw, host)| RetView {
-            dtype: raw.dtype,
-            dims: raw.dims,
-            bytes: host,
-        })
-        .collect();
-    callback.call(site, &views, &mut outs)?;
-    drop(outs);
+    let input_views: Vec<&[u8]> = inputs.iter().map(Vec::as_slice).collect();
+    let output_views: Vec<&mut [u8]> = outputs.iter_mut().map(Vec::as_mut_slice).collect();
+    dispatch(&args, &input_views, &rets, output_views)?;
 
     for (host, raw) in outputs.iter().zip(&rets) {
         // SAFETY: `raw.data` is writable device memory of `raw.len` bytes,
