@@ -28,15 +28,17 @@
 # size of the cache directory, and the split of EXLA's compiles (from
 # `[:exla, :compilation]`): per kind (jit, EXLA.Backend) and disk cache
 # status, how many and the seconds of tracing, lowering, the plugin's
-# compile and the disk cache. Compiles of concurrent tests overlap, so the
-# sums can exceed the suite's time.
+# compile and the disk cache, and the eager operations whose compiles took
+# the most time. Compiles of concurrent tests overlap, so the sums can
+# exceed the suite's time.
 #
 # With BENCH_DUMP=1 it also runs the `exla` case with an XLA dump
 # (`--xla_dump_to`) and splits the plugin's compile into HLO passes (from
 # the dump of the program before optimization to the one after) and code
 # generation (from then to the last object file), and counts the kernels
-# (one LLVM module per kernel). Dumping slows the compile down, so these are
-# shares, not times to compare with the other cases.
+# (one LLVM module per kernel), in all and in programs with while loops.
+# Dumping slows the compile down, so these are shares, not times to
+# compare with the other cases.
 #
 #     SCHOLAR_DIR=/path/to/scholar NX_PATH=/path/to/nx elixir bench/scholar_bench.exs
 #
@@ -148,6 +150,23 @@ defmodule ScholarBench do
           pad(secs(m[:cache_write_time]), 13) <> secs(m[:compile_time])
       )
     end
+
+    print_ops(results)
+  end
+
+  # The eager operations whose compiles took the most XLA time, per case.
+  defp print_ops(results) do
+    for {name, r} <- results, ops = Map.get(r, :ops, %{}), ops != %{} do
+      top =
+        ops
+        |> Enum.sort_by(fn {_op, m} -> -m[:xla_compile_time] end)
+        |> Enum.take(8)
+        |> Enum.map_join(", ", fn {op, m} ->
+          "#{op} #{m[:count]} (#{secs(m[:xla_compile_time])} s)"
+        end)
+
+      IO.puts("\n#{name}: eager operations compiled by XLA, most compile time first: #{top}")
+    end
   end
 
   # The plugin's compile split from the mtimes of an XLA dump: per module,
@@ -168,8 +187,10 @@ defmodule ScholarBench do
 
     modules = Enum.group_by(modules, fn {name, _} -> name |> String.split(".") |> hd() end)
 
+    zero = %{modules: 0, hlo: 0, codegen: 0, kernels: 0, loop_modules: 0, loop_kernels: 0}
+
     totals =
-      Enum.reduce(modules, %{modules: 0, hlo: 0, codegen: 0, kernels: 0}, fn {_m, names}, acc ->
+      Enum.reduce(modules, zero, fn {_m, names}, acc ->
         times = Map.new(names)
         before = find_time(times, "before_optimizations.txt")
         after_opt = find_time(times, "cpu_after_optimizations.txt")
@@ -179,13 +200,16 @@ defmodule ScholarBench do
 
         if before && after_opt do
           last = times |> Map.values() |> Enum.max()
+          loop = if loops?(dump, names), do: 1, else: 0
 
           %{
             acc
             | modules: acc.modules + 1,
               hlo: acc.hlo + (after_opt - before),
               codegen: acc.codegen + (last - after_opt),
-              kernels: acc.kernels + kernels
+              kernels: acc.kernels + kernels,
+              loop_modules: acc.loop_modules + loop,
+              loop_kernels: acc.loop_kernels + loop * kernels
           }
         else
           acc
@@ -201,7 +225,17 @@ defmodule ScholarBench do
     #{totals.modules} programs, #{totals.kernels} kernels (#{Float.round(totals.kernels / max(totals.modules, 1), 1)} per program)
     HLO passes       #{secs(totals.hlo)} s (#{round(100 * totals.hlo / total)}%)
     code generation  #{secs(totals.codegen)} s (#{round(100 * totals.codegen / total)}%)
+    programs with while loops: #{totals.loop_modules}, with #{totals.loop_kernels} kernels (#{round(100 * totals.loop_kernels / max(totals.kernels, 1))}%)
     """)
+  end
+
+  # Whether a dumped program has a while loop (Nx's linear algebra, while
+  # in defn), from its HLO before XLA's passes.
+  defp loops?(dump, names) do
+    Enum.any?(names, fn {name, _} ->
+      String.ends_with?(name, ".before_optimizations.txt") and
+        dump |> Path.join(name) |> File.read!() |> String.contains?(" while(")
+    end)
   end
 
   defp find_time(times, suffix) do

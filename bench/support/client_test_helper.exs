@@ -10,7 +10,8 @@
 #   * EXLA_BENCH_CACHE - `off` (no disk compile cache) or a directory for it;
 #   * EXLA_BENCH_OUT - a file that receives, after the suite, the suite's
 #     wall time and the sums of the `[:exla, :compilation]` measurements per
-#     kind of program, as an Erlang term.
+#     kind of program (and, for the eager operations XLA compiled, per
+#     operation), as an Erlang term.
 Application.ensure_all_started(:exla)
 
 defmodule ClientBench.Collector do
@@ -27,14 +28,31 @@ defmodule ClientBench.Collector do
 
   def handle(_event, measurements, metadata, _config) do
     group = {Map.get(metadata, :kind, :jit), Map.get(metadata, :disk_cache, :off)}
-    :ets.update_counter(@table, {group, :count}, 1, {{group, :count}, 0})
+    add(group, :count, 1)
 
     for {name, value} <- measurements, is_integer(value) do
-      :ets.update_counter(@table, {group, name}, value, {{group, name}, 0})
+      add(group, name, value)
+    end
+
+    # An eager operation's key is its name: its compiles are also summed
+    # per operation.
+    if group == {:backend, :off} or group == {:backend, :miss} do
+      add({:op, metadata.key}, :count, 1)
+      add({:op, metadata.key}, :xla_compile_time, measurements[:xla_compile_time] || 0)
     end
   end
 
-  def totals do
+  defp add(group, name, value) do
+    :ets.update_counter(@table, {group, name}, value, {{group, name}, 0})
+  end
+
+  # The sums per kind and disk-cache status.
+  def totals, do: Map.reject(sums(), &match?({{:op, _}, _}, &1))
+
+  # The sums per eager operation compiled by XLA, as `%{op => sums}`.
+  def ops, do: for({{:op, op}, sums} <- sums(), into: %{}, do: {op, sums})
+
+  defp sums do
     @table
     |> :ets.tab2list()
     |> Enum.group_by(fn {{group, _name}, _} -> group end, fn {{_, name}, v} -> {name, v} end)
@@ -65,7 +83,13 @@ ExUnit.after_suite(fn _result ->
   wall = System.monotonic_time(:microsecond) - started
 
   if out = System.get_env("EXLA_BENCH_OUT") do
-    report = %{mode: mode, wall_us: wall, compiles: ClientBench.Collector.totals()}
+    report = %{
+      mode: mode,
+      wall_us: wall,
+      compiles: ClientBench.Collector.totals(),
+      ops: ClientBench.Collector.ops()
+    }
+
     File.write!(out, :erlang.term_to_binary(report))
   end
 end)
