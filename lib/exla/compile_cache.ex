@@ -65,9 +65,9 @@ defmodule EXLA.CompileCache do
 
   Both limits are read at each write, so the environment variables set
   them without touching the application's configuration
-  (`EXLA_CACHE_MAX_SIZE=200M mix test`); a value that is not a
-  non-negative integer (with a unit, for the size) raises `ArgumentError`
-  at the first compilation that needs it.
+  (`EXLA_CACHE_MAX_SIZE=200M mix test`); an empty value counts as unset,
+  and a value that is not a non-negative integer (with a unit, for the
+  size) raises `ArgumentError` at the first compilation that needs it.
 
   The `:cache` option of `EXLA.jit/2` and friends chooses per call:
   `true` (the default) uses the directory above, `false` compiles afresh

@@ -93,6 +93,8 @@ defmodule EXLA.Plugin do
 
     * `TPU_LIBRARY_PATH` - the TPU plugin (`libtpu.so`), as JAX reads it
 
+  A variable set to the empty string counts as unset.
+
   ## Options
 
   The functions of this module accept:
@@ -188,7 +190,7 @@ defmodule EXLA.Plugin do
     cond do
       platform == :host -> true
       given(platform, opts) != nil -> true
-      platform == :tpu and Install.non_empty_env("TPU_LIBRARY_PATH") != nil -> true
+      platform == :tpu and EXLA.Env.get("TPU_LIBRARY_PATH") != nil -> true
       :os.type() != {:unix, :linux} -> true
       true -> Enum.any?(Platform.device_files(platform), &(Path.wildcard(&1) != []))
     end
@@ -307,7 +309,7 @@ defmodule EXLA.Plugin do
 
     cond do
       path = opts[:plugin] -> {path, "the :plugin option"}
-      path = Install.non_empty_env(env) -> {path, "the environment variable #{env}"}
+      path = EXLA.Env.get(env) -> {path, "the environment variable #{env}"}
       true -> nil
     end
   end
@@ -334,7 +336,7 @@ defmodule EXLA.Plugin do
   end
 
   defp default(:tpu, opts) do
-    case Install.non_empty_env("TPU_LIBRARY_PATH") do
+    case EXLA.Env.get("TPU_LIBRARY_PATH") do
       nil -> python_plugin(:tpu, opts)
       path -> existing(path, "the environment variable TPU_LIBRARY_PATH")
     end

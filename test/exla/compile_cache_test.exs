@@ -395,13 +395,25 @@ defmodule EXLA.CompileCacheTest do
       end)
     end
 
+    test "an empty variable counts as unset" do
+      Application.delete_env(:exla, :cache_min_compile_time)
+      Application.delete_env(:exla, :cache_max_size)
+
+      with_env("EXLA_CACHE_MIN_COMPILE_TIME", "", fn ->
+        with_env("EXLA_CACHE_MAX_SIZE", "", fn ->
+          assert Config.min_compile_time() == 100
+          assert Config.max_size() == 1 <<< 30
+        end)
+      end)
+    end
+
     test "bad values raise, naming the variable", %{client: client} do
       for {name, value} <- [
             {"EXLA_CACHE_MAX_SIZE", "-1"},
             {"EXLA_CACHE_MAX_SIZE", "12Q"},
             {"EXLA_CACHE_MAX_SIZE", "lots"},
             {"EXLA_CACHE_MIN_COMPILE_TIME", "0.5"},
-            {"EXLA_CACHE_MIN_COMPILE_TIME", ""}
+            {"EXLA_CACHE_MIN_COMPILE_TIME", "soon"}
           ] do
         # The size is read when a program is written: every one is.
         if name == "EXLA_CACHE_MAX_SIZE",

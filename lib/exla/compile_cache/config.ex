@@ -32,7 +32,12 @@ defmodule EXLA.CompileCache.Config do
         raise ArgumentError, bad_config(:cache_max_size, "a number of bytes", other)
 
       :error ->
-        env("EXLA_CACHE_MAX_SIZE", @default_max_size, &parse_size/1, "a number of bytes")
+        EXLA.Env.parse!(
+          "EXLA_CACHE_MAX_SIZE",
+          @default_max_size,
+          &parse_size/1,
+          "a number of bytes"
+        )
     end
   end
 
@@ -47,25 +52,12 @@ defmodule EXLA.CompileCache.Config do
               bad_config(:cache_min_compile_time, "milliseconds (integer)", other)
 
       :error ->
-        env("EXLA_CACHE_MIN_COMPILE_TIME", @default_min_compile_time, &parse_ms/1, "milliseconds")
-    end
-  end
-
-  defp env(name, default, parse, expected) do
-    case System.get_env(name) do
-      nil ->
-        default
-
-      value ->
-        case parse.(String.trim(value)) do
-          {:ok, parsed} ->
-            parsed
-
-          :error ->
-            raise ArgumentError,
-                  "expected the environment variable #{name} to be #{expected}, " <>
-                    "got: #{inspect(value)}"
-        end
+        EXLA.Env.parse!(
+          "EXLA_CACHE_MIN_COMPILE_TIME",
+          @default_min_compile_time,
+          &parse_ms/1,
+          "milliseconds"
+        )
     end
   end
 

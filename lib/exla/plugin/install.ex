@@ -33,7 +33,7 @@ defmodule EXLA.Plugin.Install do
 
   @doc "The cache directory (see `EXLA.Plugin.cache_dir/1`)."
   def cache_dir(opts) do
-    opts[:cache_dir] || non_empty_env("EXLA_CACHE_DIR") ||
+    opts[:cache_dir] || EXLA.Env.get("EXLA_CACHE_DIR") ||
       List.to_string(:filename.basedir(:user_cache, ~c"exla"))
   end
 
@@ -258,23 +258,19 @@ defmodule EXLA.Plugin.Install do
   @default_download_timeout 30
 
   # Seconds pip waits for the network before it gives up on a connection.
-  # A value that is no positive integer raises, as the compile cache's
-  # variables do, instead of quietly waiting the default.
   defp download_timeout do
-    case non_empty_env("EXLA_DOWNLOAD_TIMEOUT") do
-      nil ->
-        @default_download_timeout
+    EXLA.Env.parse!(
+      "EXLA_DOWNLOAD_TIMEOUT",
+      @default_download_timeout,
+      &parse_seconds/1,
+      "a positive number of seconds"
+    )
+  end
 
-      value ->
-        case Integer.parse(String.trim(value)) do
-          {seconds, ""} when seconds > 0 ->
-            seconds
-
-          _ ->
-            raise ArgumentError,
-                  "expected the environment variable EXLA_DOWNLOAD_TIMEOUT to be a " <>
-                    "positive number of seconds, got: #{inspect(value)}"
-        end
+  defp parse_seconds(value) do
+    case Integer.parse(value) do
+      {seconds, ""} when seconds > 0 -> {:ok, seconds}
+      _ -> :error
     end
   end
 
@@ -282,16 +278,7 @@ defmodule EXLA.Plugin.Install do
   def python(opts), do: System.find_executable(python_name(opts))
 
   @doc "The Python interpreter named by the options, `EXLA_PYTHON` or the default."
-  def python_name(opts), do: opts[:python] || non_empty_env("EXLA_PYTHON") || "python3"
-
-  @doc "The value of the environment variable `name`, or nil when unset or empty."
-  def non_empty_env(name) do
-    case System.get_env(name) do
-      nil -> nil
-      "" -> nil
-      value -> value
-    end
-  end
+  def python_name(opts), do: opts[:python] || EXLA.Env.get("EXLA_PYTHON") || "python3"
 
   defp arch do
     :erlang.system_info(:system_architecture)

@@ -35,10 +35,10 @@ defmodule EXLA.Plugin.PythonEnv do
   end
 
   defp env_list(names),
-    do: Enum.flat_map(names, &List.wrap(EXLA.Plugin.Install.non_empty_env(&1)))
+    do: Enum.flat_map(names, &List.wrap(EXLA.Env.get(&1)))
 
   defp pythonpath do
-    case EXLA.Plugin.Install.non_empty_env("PYTHONPATH") do
+    case EXLA.Env.get("PYTHONPATH") do
       nil -> []
       value -> value |> String.split(":", trim: true) |> Enum.map(&Path.expand/1)
     end
@@ -69,7 +69,7 @@ defmodule EXLA.Plugin.PythonEnv do
 
   defp user_site_dirs do
     base =
-      EXLA.Plugin.Install.non_empty_env("PYTHONUSERBASE") ||
+      EXLA.Env.get("PYTHONUSERBASE") ||
         Path.join(System.user_home() || "/nonexistent", ".local")
 
     newest_first(Path.wildcard(Path.join(base, "lib/python3*/site-packages"))) ++
