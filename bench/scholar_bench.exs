@@ -21,7 +21,10 @@
 #   * `exla` - `EXLA.Backend` and `compiler: EXLA` as the defaults, disk
 #     compile cache off;
 #   * `exla cold cache` - the same with an empty compile cache directory;
-#   * `exla warm cache` - again, with the directory the cold run filled.
+#   * `exla warm cache` - again, with the directory the cold run filled;
+#   * `preload` (not run by default) - as `exla`, with another malloc
+#     preloaded into the process (`LD_PRELOAD` set to BENCH_PRELOAD, for
+#     example Debian's `libjemalloc.so.2`).
 #
 # It prints each case's suite time (from the test helper's start to the end
 # of the suite), the ratio to the reference measured in the same run, the
@@ -43,7 +46,8 @@
 #     SCHOLAR_DIR=/path/to/scholar NX_PATH=/path/to/nx elixir bench/scholar_bench.exs
 #
 # Environment: SCHOLAR_DIR (required), BENCH_CASES (comma-separated, default
-# `reference,exla,cold,warm`), BENCH_DUMP (`1` for the dump case),
+# `reference,exla,cold,warm`), BENCH_PRELOAD (for the `preload` case),
+# BENCH_DUMP (`1` for the dump case),
 # BENCH_TEST_ARGS (extra `mix test` arguments, such as a file to run a part).
 # The machine should be otherwise idle; the ratios come from one run.
 defmodule ScholarBench do
@@ -61,21 +65,27 @@ defmodule ScholarBench do
 
     results =
       for name <- cases do
-        {mode, cache_env} =
+        {mode, cache_env, env} =
           case name do
-            "reference" -> {"reference", "off"}
-            "exla" -> {"exla", "off"}
-            "cold" -> {"exla", cache}
-            "warm" -> {"exla", cache}
+            "reference" -> {"reference", "off", []}
+            "exla" -> {"exla", "off", []}
+            "cold" -> {"exla", cache, []}
+            "warm" -> {"exla", cache, []}
+            "preload" -> {"exla", "off", [{"LD_PRELOAD", preload!()}]}
           end
 
-        report = run(dir, name, mode, cache_env, [])
+        report = run(dir, name, mode, cache_env, env)
         {name, Map.put(report, :cache_bytes, if(cache_env != "off", do: dir_bytes(cache)))}
       end
 
     print(results)
     if System.get_env("BENCH_DUMP") == "1", do: dump_split(dir)
     File.rm_rf!(cache)
+  end
+
+  defp preload! do
+    System.get_env("BENCH_PRELOAD") ||
+      raise "set BENCH_PRELOAD to the allocator library for the preload case"
   end
 
   defp install_helper!(dir) do
