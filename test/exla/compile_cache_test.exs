@@ -326,6 +326,20 @@ defmodule EXLA.CompileCacheTest do
     assert Usage.written?(dir, 1, 100)
   end
 
+  test "first scans of a directory finishing at once record into one count", %{dir: dir} do
+    alias EXLA.CompileCache.Usage
+    dir = Path.join(dir, "concurrent")
+
+    1..16
+    |> Task.async_stream(fn i -> Usage.scanned(dir, 60 + i) end, max_concurrency: 16)
+    |> Stream.run()
+
+    # Each scan reset the writes since; the kept total is one of theirs,
+    # and every later write counts into it.
+    refute Usage.written?(dir, 1, 100)
+    assert Usage.written?(dir, 40, 100)
+  end
+
   test "trimming removes temporary files left over by dead writers", %{dir: dir} do
     stale = Path.join(dir, ".tmp-1-1")
     fresh = Path.join(dir, ".tmp-1-2")

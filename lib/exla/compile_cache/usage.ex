@@ -32,11 +32,21 @@ defmodule EXLA.CompileCache.Usage do
 
   @doc "Records that a scan of `dir` left `total` bytes in it."
   def scanned(dir, total) do
-    counters = EXLA.Memo.get(key(dir), fn -> :counters.new(2, [:write_concurrency]) end)
-
+    counters = counters(dir) || create(dir)
     :counters.put(counters, 1, total)
     :counters.put(counters, 2, 0)
     :ok
+  end
+
+  # The first scans of a directory may finish at once in several
+  # processes: the lock makes them share one set of counters, so that no
+  # scan's record lands in a set that is then dropped.
+  defp create(dir) do
+    :global.trans(
+      {key(dir), self()},
+      fn -> EXLA.Memo.get(key(dir), fn -> :counters.new(2, [:write_concurrency]) end) end,
+      [node()]
+    )
   end
 
   defp counters(dir), do: EXLA.Memo.peek(key(dir))
