@@ -604,7 +604,16 @@ defmodule EXLA.CompileCacheTest do
     :peer.call(peer, Application, :put_env, [:exla, :cache_min_compile_time, 0])
     :peer.call(peer, Application, :put_env, [:logger, :level, :error])
     {:ok, _} = :peer.call(peer, Application, :ensure_all_started, [:exla])
-    on_exit(fn -> catch_exit(:peer.stop(peer)) end)
+    # Linked to the test process, the peer may be gone or still stopping
+    # when this runs: stop it if it is there.
+    on_exit(fn ->
+      try do
+        :peer.stop(peer)
+      catch
+        :exit, _ -> :ok
+      end
+    end)
+
     peer
   end
 
