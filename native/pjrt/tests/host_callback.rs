@@ -2,12 +2,15 @@
 //! described in `common/mod.rs`).
 
 mod common;
+mod f32_bytes;
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use pjrt::host_callback::{self, ArgView, HostCallback, RetView};
 use pjrt::{Buffer, Client, CompileOptions, ElementType, OptionValue, Shape};
+
+use f32_bytes::{bytes, f32s};
 
 /// The FFI target name the programs below call.
 const TARGET: &str = "pjrt_test_host_callback";
@@ -38,17 +41,6 @@ fn client() -> Arc<Client> {
         &[("cpu_device_count".into(), OptionValue::Int64(1))],
     )
     .unwrap()
-}
-
-fn f32s(bytes: &[u8]) -> Vec<f32> {
-    bytes
-        .chunks_exact(4)
-        .map(|c| f32::from_ne_bytes(c.try_into().unwrap()))
-        .collect()
-}
-
-fn bytes(values: &[f32]) -> Vec<u8> {
-    values.iter().flat_map(|v| v.to_ne_bytes()).collect()
 }
 
 fn run(client: &Arc<Client>, session: u64) -> pjrt::Result<Vec<f32>> {

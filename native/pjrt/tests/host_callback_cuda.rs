@@ -7,10 +7,14 @@
 //! results in kernels, so a missing copy or a missing wait on the stream
 //! shows up as wrong values.
 
+mod f32_bytes;
+
 use std::sync::{Arc, Mutex, OnceLock};
 
 use pjrt::host_callback::{self, ArgView, HostCallback, RetView};
 use pjrt::{Buffer, Client, CompileOptions, ElementType, OptionValue, Plugin, Shape};
+
+use f32_bytes::{bytes, f32s};
 
 const TARGET: &str = "pjrt_test_host_callback_cuda";
 
@@ -59,17 +63,6 @@ fn client() -> Option<Arc<Client>> {
             Some(client)
         })
         .clone()
-}
-
-fn f32s(bytes: &[u8]) -> Vec<f32> {
-    bytes
-        .chunks_exact(4)
-        .map(|c| f32::from_ne_bytes(c.try_into().unwrap()))
-        .collect()
-}
-
-fn bytes(values: &[f32]) -> Vec<u8> {
-    values.iter().flat_map(|v| v.to_ne_bytes()).collect()
 }
 
 fn run(client: &Arc<Client>, session: u64, a: &[f32]) -> pjrt::Result<(Vec<f32>, u64)> {
