@@ -1,9 +1,10 @@
 defmodule EXLA.Env do
   @moduledoc false
-  # EXLA's environment variables, read one way: a variable set to the empty
-  # string counts as unset (`EXLA_CACHE_DIR= mix test` means the default),
-  # and a value that cannot be parsed raises `ArgumentError` naming the
-  # variable and what it expects, instead of quietly giving the default.
+  # The environment variables EXLA reads, read one way: a variable set to
+  # the empty string counts as unset (`EXLA_CACHE_DIR= mix test` means the
+  # default), and a value that cannot be parsed raises `ArgumentError`
+  # naming the variable and what it expects, instead of quietly giving the
+  # default.
 
   @doc "The value of the environment variable `name`, or nil when unset or empty."
   def get(name) do

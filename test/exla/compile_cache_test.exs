@@ -326,7 +326,7 @@ defmodule EXLA.CompileCacheTest do
     assert Usage.written?(dir, 1, 100)
   end
 
-  test "first scans of a directory finishing at once record into one count", %{dir: dir} do
+  test "first scans of a directory finishing at once leave one consistent count", %{dir: dir} do
     alias EXLA.CompileCache.Usage
     dir = Path.join(dir, "concurrent")
 
