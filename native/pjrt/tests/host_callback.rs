@@ -2,15 +2,15 @@
 //! described in `common/mod.rs`).
 
 mod common;
-mod f32_bytes;
+mod recorder;
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use pjrt::host_callback::{self, ArgView, HostCallback, RetView};
 use pjrt::{Buffer, Client, CompileOptions, ElementType, OptionValue, Shape};
 
-use f32_bytes::{bytes, f32s};
+use recorder::{bytes, f32s, Recorder};
 
 /// The FFI target name the programs below call.
 const TARGET: &str = "pjrt_test_host_callback";
@@ -69,32 +69,6 @@ fn read(buffer: &Buffer) -> pjrt::Result<Vec<f32>> {
     let mut data = vec![0u8; buffer.shape().byte_size()?];
     buffer.copy_to_host(&mut data)?;
     Ok(f32s(&data))
-}
-
-/// (site, dims, values) of each operand seen.
-type Seen = Vec<(u32, Vec<i64>, Vec<f32>)>;
-
-#[derive(Default)]
-struct Recorder {
-    seen: Mutex<Seen>,
-}
-
-impl HostCallback for Recorder {
-    fn call(
-        &self,
-        site: u32,
-        args: &[ArgView<'_>],
-        rets: &mut [RetView<'_>],
-    ) -> Result<(), String> {
-        let mut seen = self.seen.lock().unwrap();
-        for arg in args {
-            seen.push((site, arg.dims.to_vec(), f32s(arg.bytes)));
-        }
-        for ret in rets {
-            ret.bytes.copy_from_slice(&bytes(&[100.0, 200.0, 300.0]));
-        }
-        Ok(())
-    }
 }
 
 #[test]

@@ -7,14 +7,14 @@
 //! results in kernels, so a missing copy or a missing wait on the stream
 //! shows up as wrong values.
 
-mod f32_bytes;
+mod recorder;
 
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, OnceLock};
 
 use pjrt::host_callback::{self, ArgView, HostCallback, RetView};
 use pjrt::{Buffer, Client, CompileOptions, ElementType, OptionValue, Plugin, Shape};
 
-use f32_bytes::{bytes, f32s};
+use recorder::{bytes, f32s, reply, Recorder};
 
 const TARGET: &str = "pjrt_test_host_callback_cuda";
 
@@ -96,42 +96,9 @@ fn read(buffer: &Buffer) -> pjrt::Result<Vec<u8>> {
     Ok(data)
 }
 
-/// (site, dims, values) of each operand seen.
-type Seen = Vec<(u32, Vec<i64>, Vec<f32>)>;
-
-/// Records the operands of each site; answers site 8 with `reply(n)`.
-struct Recorder {
-    seen: Mutex<Seen>,
-}
-
-fn reply(n: usize) -> Vec<f32> {
-    (0..n).map(|i| 100.0 * (i % 1000 + 1) as f32).collect()
-}
-
-impl HostCallback for Recorder {
-    fn call(
-        &self,
-        site: u32,
-        args: &[ArgView<'_>],
-        rets: &mut [RetView<'_>],
-    ) -> Result<(), String> {
-        let mut seen = self.seen.lock().unwrap();
-        for arg in args {
-            seen.push((site, arg.dims.to_vec(), f32s(arg.bytes)));
-        }
-        for ret in rets {
-            let n = ret.bytes.len() / 4;
-            ret.bytes.copy_from_slice(&bytes(&reply(n)));
-        }
-        Ok(())
-    }
-}
-
 fn check(client: &Arc<Client>, a: &[f32]) {
     let n = a.len();
-    let recorder = Arc::new(Recorder {
-        seen: Mutex::new(Vec::new()),
-    });
+    let recorder = Arc::new(Recorder::default());
     let session = host_callback::register_session(recorder.clone());
     let (sum, id) = run(client, session.id(), a).unwrap();
     assert_eq!(id, session.id());
