@@ -64,6 +64,20 @@ defmodule GpuBench.Transformer do
 
     Nx.dot(softmax(scores), [3], [0, 1], v, [2], [0, 1])
   end
+
+  @doc """
+  Token ids [batch, len] (s32): `rem(b * row + s * col + add, vocab)` at
+  batch `b`, position `s`. The JAX twin repeats the formula.
+  """
+  def token_grid(batch, len, vocab, {row, col, add}) do
+    data =
+      for b <- 0..(batch - 1),
+          s <- 0..(len - 1),
+          into: <<>>,
+          do: <<rem(b * row + s * col + add, vocab)::signed-32-little>>
+
+    data |> Nx.from_binary(:s32) |> Nx.reshape({batch, len})
+  end
 end
 
 defmodule GpuBench.Bert do
@@ -155,15 +169,7 @@ defmodule GpuBench.Bert do
   end
 
   @doc "Token ids [batch, seq] (s32), from a formula the JAX twin repeats."
-  def ids(c, batch) do
-    data =
-      for b <- 0..(batch - 1),
-          s <- 0..(c.seq - 1),
-          into: <<>>,
-          do: <<rem(b * 131 + s * 17 + 7, c.vocab)::signed-32-little>>
-
-    data |> Nx.from_binary(:s32) |> Nx.reshape({batch, c.seq})
-  end
+  def ids(c, batch), do: GpuBench.Transformer.token_grid(batch, c.seq, c.vocab, {131, 17, 7})
 end
 
 defmodule GpuBench.GPT2 do
@@ -297,13 +303,6 @@ defmodule GpuBench.GPT2 do
   end
 
   @doc "The prompt [batch, prompt] (s32), from a formula the JAX twin repeats."
-  def prompt(c, batch) do
-    data =
-      for b <- 0..(batch - 1),
-          s <- 0..(c.prompt - 1),
-          into: <<>>,
-          do: <<rem(b * 7919 + s * 104_729 + 13, c.vocab)::signed-32-little>>
-
-    data |> Nx.from_binary(:s32) |> Nx.reshape({batch, c.prompt})
-  end
+  def prompt(c, batch),
+    do: GpuBench.Transformer.token_grid(batch, c.prompt, c.vocab, {7919, 104_729, 13})
 end
