@@ -13,12 +13,9 @@ defmodule EXLA.CallbackPanicTest do
 
   defp inject(owner, at), do: EXLA.NIF.unwrap!(EXLA.NIF.callback_inject_panic(owner, at))
 
-  defp wait_for_sessions(count, tries \\ 100) do
-    cond do
-      EXLA.HostCallback.session_count() <= count -> :ok
-      tries == 0 -> flunk("host callback sessions were not closed")
-      true -> Process.sleep(20) && wait_for_sessions(count, tries - 1)
-    end
+  defp wait_for_sessions(count) do
+    closed? = EXLA.TestWait.until(fn -> EXLA.HostCallback.session_count() <= count end, 100, 20)
+    closed? || flunk("host callback sessions were not closed")
   end
 
   defp assert_usable(sessions) do

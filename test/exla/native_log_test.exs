@@ -76,16 +76,13 @@ defmodule EXLA.NativeLogTest do
   defp events_of(target), do: Enum.filter(native_events(), &(elem(&1, 1) == target))
 
   # Waits for an event of `target` emitted on another thread.
-  defp await_event(target, tries \\ 100) do
-    case events_of(target) do
-      [] when tries > 0 ->
-        Process.sleep(20)
-        await_event(target, tries - 1)
-
-      events ->
-        events
-    end
+  # (Reading the events takes them from the mailbox: keep what is found.)
+  defp await_event(target) do
+    EXLA.TestWait.until(fn -> non_empty(events_of(target)) end, 100, 20) || []
   end
+
+  defp non_empty([]), do: nil
+  defp non_empty(events), do: events
 
   defp plugin_path, do: EXLA.Client.fetch!(:host).plugin_path
 

@@ -117,19 +117,19 @@ defmodule EXLA.TestPeer do
   """
   def start_serving(node, opts) do
     {holder, {:ok, _pid}} = hold(node, Nx.Serving, :start_link, [opts])
-    wait_for_serving(node, 100)
+    wait_for_serving(node)
     holder
   end
 
-  defp wait_for_serving(node, 0), do: raise("no serving of #{node} joined the cluster's group")
+  defp wait_for_serving(node) do
+    joined? =
+      EXLA.TestWait.until(
+        fn -> Enum.any?(:pg.get_members(Nx.Serving.PG, Nx.Serving), &(node(&1) == node)) end,
+        100,
+        50
+      )
 
-  defp wait_for_serving(node, tries) do
-    members = :pg.get_members(Nx.Serving.PG, Nx.Serving)
-
-    unless Enum.any?(members, &(node(&1) == node)) do
-      Process.sleep(50)
-      wait_for_serving(node, tries - 1)
-    end
+    joined? || raise "no serving of #{node} joined the cluster's group"
   end
 
   @doc """
