@@ -18,9 +18,11 @@ defmodule EXLA.NativeLogTest do
   @handler :exla_native_log_test
 
   setup_all do
-    # The default client exists before any test counts events.
+    # The default client exists, and its plugin's warm-up (compiles in the
+    # background, EXLA.Client.WarmUp) has ended, before any test counts
+    # events.
     EXLA.Client.fetch!(:host)
-    :ok
+    :ok = EXLA.Client.WarmUp.await(30_000)
   end
 
   setup do
