@@ -59,6 +59,9 @@ defmodule EXLA.PackageTest do
 
     env = %{
       "MIX_ENV" => "prod",
+      # A relative NX_PATH (the README's `../shared/deps/nx`) names a folder
+      # from this project, not from the copy.
+      "NX_PATH" => Path.expand(System.get_env("NX_PATH")),
       "PATH" => without_toolchain(Path.join(dir, "bin")),
       "EXLA_NIF_BASE_URL" => url,
       "EXLA_CACHE_DIR" => Path.join(dir, "cache"),
