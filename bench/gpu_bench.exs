@@ -48,7 +48,10 @@
 # BENCH_QUICK=1 (tiny models and short rounds, for a check on the CPU),
 # BENCH_ONLY=tiny,mlp,bert,gpt2 (the parts to run), BENCH_SECONDS (time per
 # measurement, default 1.5, 0.3 quick), BENCH_OUT (a path: the Markdown
-# table is written there too). A part that raises is reported and the
+# table is written there too), BENCH_DUMP (a folder: each side has XLA dump
+# the HLO of its programs, as text, into DUMP/exla and DUMP/jax, to compare
+# the kernels they launch; the dump's writing then counts in the compile
+# times). A part that raises is reported and the
 # others still run. On an H200 the EXLA side took 62 s (tiny 4.1 s, mlp
 # 3.7, bert 27.7, gpt2 26.4) and JAX's first three parts 38 s: the whole
 # run needs about 2.5 minutes there.
@@ -436,7 +439,7 @@ defmodule GpuBench do
   # Runs one side, its output streamed: {exit status, seconds}.
   defp side(cmd, args, env) do
     start = now()
-    env = [{"TF_CPP_MIN_LOG_LEVEL", "2"} | env]
+    env = [{"TF_CPP_MIN_LOG_LEVEL", "2"} | dump_env(cmd, env)]
 
     status =
       try do
@@ -451,6 +454,20 @@ defmodule GpuBench do
       end
 
     {status, now() - start}
+  end
+
+  # XLA_FLAGS asking XLA to dump the side's programs into its own folder.
+  defp dump_env(cmd, env) do
+    case System.get_env("BENCH_DUMP") do
+      dump when dump in [nil, ""] ->
+        env
+
+      dump ->
+        folder = Path.join(Path.expand(dump), if(cmd == "mix", do: "exla", else: "jax"))
+        File.mkdir_p!(folder)
+        flags = "--xla_dump_to=#{folder} --xla_dump_hlo_as_text"
+        [{"XLA_FLAGS", String.trim("#{System.get_env("XLA_FLAGS")} #{flags}")} | env]
+    end
   end
 
   defp results(path) do
