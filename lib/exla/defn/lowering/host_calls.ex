@@ -81,24 +81,23 @@ defmodule EXLA.Defn.Lowering.HostCalls do
     %{chain: chain, hook_sites: sites} = b.assigns
     site = length(sites)
     {site_value, b} = Ops.constant(b, {:u, 32}, {}, site)
+    operands = [chain, site_value | values]
+    result_types = [@chain_type | result_types]
 
+    # The handler reads and writes row-major bytes. Without layouts, XLA may
+    # hand it an operand in another layout: on CUDA a transposed value
+    # reached the host as the untransposed bytes.
     attrs = [
       call_target_name: ~s("#{@target}"),
       api_version: "4 : i32",
       has_side_effect: "true",
-      backend_config: "{}"
+      backend_config: "{}",
+      operand_layouts: row_major(Enum.map(operands, & &1.type)),
+      result_layouts: row_major(result_types)
     ]
 
     {[chain | results], b} =
-      Builder.op(
-        b,
-        "stablehlo.custom_call",
-        [chain, site_value | values],
-        [
-          @chain_type | result_types
-        ],
-        attrs: attrs
-      )
+      Builder.op(b, "stablehlo.custom_call", operands, result_types, attrs: attrs)
 
     assigns = %{b.assigns | chain: chain, hook_sites: [{site, payload} | sites]}
     {results, %{b | assigns: assigns}}
@@ -120,6 +119,20 @@ defmodule EXLA.Defn.Lowering.HostCalls do
     template = Composite.traverse(expr, &Nx.to_template/1)
     {[], b} = emit(b, {:hook, name, fun, template}, values)
     b
+  end
+
+  # The layouts attribute for `types`: each dimension's minor-to-major
+  # order, the last dimension fastest.
+  defp row_major(types) do
+    layouts =
+      Enum.map_join(types, ", ", fn {_element, dims} ->
+        case tuple_size(dims) do
+          0 -> "dense<> : tensor<0xindex>"
+          rank -> "dense<[#{Enum.join((rank - 1)..0//-1, ", ")}]> : tensor<#{rank}xindex>"
+        end
+      end)
+
+    "[" <> layouts <> "]"
   end
 
   @doc """
