@@ -51,8 +51,12 @@ defmodule EXLA.GPUTest do
 
   describe "client options" do
     test "preallocate: true holds the memory_fraction of the device at creation" do
-      %{total: total} = GPUChecks.nvidia_smi_memory()
-      node = cuda_peer(:prealloc, preallocate: true, memory_fraction: 0.05)
+      %{total: total, used: used} = GPUChecks.nvidia_smi_memory()
+      # A share that fits what is free: when it does not, XLA's allocator
+      # takes 0.9 of it, again and again, until it does (on an 80 GB H100
+      # the suite's own VM holds 80%, and 5% got 0.9^7 of itself).
+      fraction = min(0.05, Float.floor(0.4 * (total - used) / total, 3))
+      node = cuda_peer(:prealloc, preallocate: true, memory_fraction: fraction)
 
       # XLA's allocator takes its whole share at the first allocation.
       {delta, 499_500} =
@@ -61,10 +65,16 @@ defmodule EXLA.GPUTest do
           on(node, :small_sum)
         end)
 
-      IO.puts("\n[gpu] preallocate: true, memory_fraction: 0.05 held #{delta} of #{total} bytes")
+      IO.puts(
+        "\n[gpu] preallocate: true, memory_fraction: #{fraction} held #{delta} of #{total} bytes"
+      )
+
+      # Most of the share: XLA's allocator took 0.92 and 0.85 of it on an
+      # H200 (jax-cuda13-pjrt 0.11.2, 2026-11-26 and 27), context included;
+      # preallocate: false holds well under a tenth of it (the next test).
+      assert delta >= fraction * total * 0.8, "held #{delta} bytes of #{total}"
       # The share, plus the CUDA context and the plugin's own buffers.
-      assert delta >= 0.05 * total * 0.95, "held #{delta} bytes of #{total}"
-      assert delta <= 0.05 * total + 2 * @gib, "held #{delta} bytes of #{total}"
+      assert delta <= fraction * total + 2 * @gib, "held #{delta} bytes of #{total}"
     end
 
     test "preallocate: false holds memory as tensors need it, and the statistics follow" do
