@@ -174,7 +174,11 @@ defmodule EXLA.PackageTest do
     bare = Path.join(dir, "exla.git")
     {_, 0} = git(dir, ["clone", "--quiet", File.cwd!(), work])
     File.cp!(Artifact.checksum_path(package), Artifact.checksum_path(work))
-    {out, 0} = System.cmd("scripts/package_release", ["tag"], cd: work, stderr_to_stdout: true)
+    who = for v <- ~w(AUTHOR COMMITTER), f <- ~w(NAME EMAIL), do: {"GIT_#{v}_#{f}", "release"}
+
+    {out, 0} =
+      System.cmd("scripts/package_release", ["tag"], cd: work, env: who, stderr_to_stdout: true)
+
     assert out =~ "tagged v#{@version}"
     {_, 0} = git(dir, ["init", "--quiet", "--bare", bare])
     {_, 0} = git(work, ["push", "--quiet", bare, "v#{@version}"])
