@@ -177,7 +177,11 @@ defmodule EXLA.PackageTest do
     who = for v <- ~w(AUTHOR COMMITTER), f <- ~w(NAME EMAIL), do: {"GIT_#{v}_#{f}", "release"}
 
     {out, 0} =
-      System.cmd("scripts/package_release", ["tag"], cd: work, env: who, stderr_to_stdout: true)
+      System.cmd(Path.join(work, "scripts/package_release"), ["tag"],
+        cd: work,
+        env: who,
+        stderr_to_stdout: true
+      )
 
     assert out =~ "tagged v#{@version}"
     {_, 0} = git(dir, ["init", "--quiet", "--bare", bare])
