@@ -227,6 +227,10 @@ defmodule Mix.Tasks.Compile.ExlaNative do
     File.rename!(tmp, library)
     File.write!(Path.join("priv", @features_stamp), Enum.join(features(plan), ","))
     File.write!(Path.join("priv", @origin_stamp), origin(plan))
+    # Mix links priv/ into the build folder before the compilers run, and
+    # only if it exists then: a Hex package has no priv/ until this created
+    # it, so link it now, or the VM finds no NIF in the application's priv.
+    Mix.Project.build_structure()
     {:ok, []}
   end
 

@@ -160,6 +160,7 @@ defmodule EXLA.PackageTest do
     assert out =~ "Installing the precompiled NIF #{host_archive(package)}"
     refute out =~ "cargo"
     assert File.read!(Path.join(package, "priv/libexla.so.origin")) =~ host_archive(package)
+    assert_in_build(app)
     assert_mlp_runs(app, env)
   end
 
@@ -194,7 +195,14 @@ defmodule EXLA.PackageTest do
     {out, 0} = mix(app, ["deps.compile"], env)
     assert out =~ "Installing the precompiled NIF #{host_archive(package)}"
     refute out =~ "cargo"
+    assert_in_build(app)
     assert_mlp_runs(app, env)
+  end
+
+  # Where the VM looks for the NIF once the dependency is compiled, before
+  # anything compiles it again (a Hex or git dependency is not rechecked).
+  defp assert_in_build(app) do
+    assert File.exists?(Path.join(app, "_build/prod/lib/exla/priv/libexla.so"))
   end
 
   # The archive the compiler picks for this VM from a package's checksums.
