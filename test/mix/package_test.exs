@@ -65,22 +65,7 @@ defmodule EXLA.PackageTest do
       Artifact.sources_key() => Sources.digest(project)
     })
 
-    {url, stop} = EXLA.LoopbackHTTP.serve(served)
-    on_exit(stop)
-
-    env = %{
-      "MIX_ENV" => "prod",
-      # A relative NX_PATH (the README's `../shared/deps/nx`) names a folder
-      # from this project, not from the copy.
-      "NX_PATH" => Path.expand(System.get_env("NX_PATH")),
-      "PATH" => without_toolchain(Path.join(dir, "bin")),
-      "EXLA_NIF_BASE_URL" => url,
-      "EXLA_CACHE_DIR" => Path.join(dir, "cache"),
-      "EXLA_PJRT_PLUGIN_HOST" => EXLA.Client.fetch!(:host).plugin_path,
-      "EXLA_BUILD" => nil,
-      "EXLA_NIF_TARGET" => nil,
-      "EXLA_NIF_FEATURES" => nil
-    }
+    {url, env} = user_env(dir, served)
 
     library = Path.join(project, "priv/libexla.so")
 
@@ -155,7 +140,7 @@ defmodule EXLA.PackageTest do
     assert checksums[Artifact.sources_key()] == Sources.digest(package)
 
     app = new_project(dir, ~s|{:exla, path: #{inspect(package)}}|)
-    env = release_env(dir, nifs)
+    {_url, env} = user_env(dir, nifs)
     {out, 0} = mix(app, ["deps.compile"], env)
     assert out =~ "Installing the precompiled NIF #{host_archive(package)}"
     refute out =~ "cargo"
@@ -189,7 +174,7 @@ defmodule EXLA.PackageTest do
     {_, 0} = git(work, ["push", "--quiet", bare, "v#{@version}"])
 
     app = new_project(dir, ~s|{:exla, git: "file://#{bare}", tag: "v#{@version}"}|)
-    env = release_env(dir, Path.join(@release_dir, "nifs"))
+    {_url, env} = user_env(dir, Path.join(@release_dir, "nifs"))
     {out, 0} = mix(app, ["deps.get"], env)
     assert out =~ "exla"
     {out, 0} = mix(app, ["deps.compile"], env)
@@ -245,12 +230,16 @@ defmodule EXLA.PackageTest do
     app
   end
 
-  defp release_env(dir, nifs) do
-    {url, stop} = EXLA.LoopbackHTTP.serve(nifs)
+  # A user's build: prod, no Rust or C compiler on the PATH, archives from
+  # `served` on the loopback interface, and the CPU plugin already installed.
+  defp user_env(dir, served) do
+    {url, stop} = EXLA.LoopbackHTTP.serve(served)
     on_exit(stop)
 
-    %{
+    env = %{
       "MIX_ENV" => "prod",
+      # A relative NX_PATH (the README's `../shared/deps/nx`) names a folder
+      # from this project, not from the copy.
       "NX_PATH" => Path.expand(System.get_env("NX_PATH")),
       "PATH" => without_toolchain(Path.join(dir, "bin")),
       "EXLA_NIF_BASE_URL" => url,
@@ -260,6 +249,8 @@ defmodule EXLA.PackageTest do
       "EXLA_NIF_TARGET" => nil,
       "EXLA_NIF_FEATURES" => nil
     }
+
+    {url, env}
   end
 
   defp assert_mlp_runs(app, env) do
