@@ -247,7 +247,11 @@ defmodule EXLA.PackageTest do
       "EXLA_PJRT_PLUGIN_HOST" => EXLA.Client.fetch!(:host).plugin_path,
       "EXLA_BUILD" => nil,
       "EXLA_NIF_TARGET" => nil,
-      "EXLA_NIF_FEATURES" => nil
+      "EXLA_NIF_FEATURES" => nil,
+      # This project's own build folder settings (one per toolchain) are not
+      # the user's: their build goes to their project's _build.
+      "MIX_BUILD_ROOT" => nil,
+      "MIX_BUILD_PATH" => nil
     }
 
     {url, env}
