@@ -5,8 +5,10 @@ for file <- Path.wildcard(Path.join(__DIR__, "mix/*.exs")), do: Code.require_fil
 defmodule EXLA.MixProject do
   use Mix.Project
 
-  @version "0.7.2"
-  @source_url "https://github.com/exla-pjrt/exla"
+  # The package's own version (see the README's compatibility table), not
+  # EXLA's: the OTP application stays :exla, the Hex package is exla_pjrt.
+  @version "0.1.0"
+  @source_url "https://github.com/exla-pjrt/exla_pjrt"
 
   def project do
     [
@@ -49,6 +51,7 @@ defmodule EXLA.MixProject do
   # of the precompiled NIFs. No tests, benches, examples or build outputs.
   defp package do
     [
+      name: "exla_pjrt",
       licenses: ["Apache-2.0"],
       links: %{"GitHub" => @source_url},
       files:

@@ -7,7 +7,7 @@ defmodule Mix.Tasks.Compile.ExlaNative do
 
   The package ships `checksum-exla.exs`, the SHA-256 of each precompiled
   archive of this version (`libexla-v<version>-nif-<nif>-<target>.so.tar.gz`,
-  such as `libexla-v0.7.2-nif-2.16-x86_64-linux-gnu.so.tar.gz`). The
+  such as `libexla-v0.1.0-nif-2.16-x86_64-linux-gnu.so.tar.gz`). The
   compiler picks the archive of the host's target and of the newest NIF
   version the VM loads, downloads it (HTTPS peers verified against the
   operating system's certificate store), refuses it unless its SHA-256 is
@@ -227,6 +227,10 @@ defmodule Mix.Tasks.Compile.ExlaNative do
     File.rename!(tmp, library)
     File.write!(Path.join("priv", @features_stamp), Enum.join(features(plan), ","))
     File.write!(Path.join("priv", @origin_stamp), origin(plan))
+    # Mix links priv/ into the build folder before the compilers run, and
+    # only if it exists then: a Hex package has no priv/ until this created
+    # it, so link it now, or the VM finds no NIF in the application's priv.
+    Mix.Project.build_structure()
     {:ok, []}
   end
 

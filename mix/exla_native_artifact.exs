@@ -186,8 +186,8 @@ defmodule Mix.ExlaNative.Artifact do
   def download(url) do
     uri = URI.parse(url)
 
-    with :ok <- start(:inets),
-         :ok <- start(:ssl),
+    with :ok <- start_app(:inets),
+         :ok <- start_app(:ssl),
          {:ok, ssl} <- ssl_options(uri) do
       http = [ssl: ssl, connect_timeout: 15_000, timeout: 300_000, autoredirect: true]
 
@@ -204,16 +204,53 @@ defmodule Mix.ExlaNative.Artifact do
     end
   end
 
-  # Debian splits Erlang into packages: ssl and inets may be missing.
-  defp start(app) do
-    case Application.ensure_all_started(app) do
-      {:ok, _} ->
-        :ok
-
-      {:error, reason} ->
-        {:error, :download,
-         "Erlang's #{app} application could not start (#{inspect(reason)}); install it (Debian: erlang-#{app})"}
+  # Since Elixir 1.15, Mix leaves out of the code path every OTP application
+  # the project being built does not declare, and a user's project declares
+  # neither inets nor ssl: Mix.ensure_application!/1 (1.15 and later) puts
+  # an application of this Erlang installation, and those it needs, back.
+  # Elixir 1.14 prunes nothing. Only an application the installation lacks
+  # (Debian, for one, ships inets and ssl in packages of their own) is
+  # reported as missing.
+  @doc "Starts the OTP application `app`: `:ok` or `{:error, :download, reason}`."
+  def start_app(app) do
+    with :ok <- add_to_code_path(app) do
+      case Application.ensure_all_started(app) do
+        {:ok, _} -> :ok
+        {:error, reason} -> {:error, :download, not_started(app, reason)}
+      end
     end
+  end
+
+  defp add_to_code_path(app) do
+    if function_exported?(Mix, :ensure_application!, 1) do
+      try do
+        # apply/3: Elixir 1.14's Mix has no such function to check against.
+        apply(Mix, :ensure_application!, [app])
+      rescue
+        Mix.Error -> {:error, :download, not_installed(app)}
+      end
+    else
+      :ok
+    end
+  end
+
+  defp not_started(app, reason) do
+    if installed?(app),
+      do: "Erlang's #{app} application could not start: #{inspect(reason)}",
+      else: not_installed(app)
+  end
+
+  defp not_installed(app) do
+    "this Erlang installation (#{:code.root_dir()}) has no #{app} application; " <>
+      "install it (Debian and Ubuntu: apt-get install erlang-#{app})"
+  end
+
+  # Whether the Erlang installation holds `app`, on the code path or not.
+  defp installed?(app) do
+    is_list(:code.lib_dir(app)) or
+      Path.wildcard(
+        Path.join([List.to_string(:code.root_dir()), "lib", "#{app}-*", "ebin", "#{app}.app"])
+      ) != []
   end
 
   defp ssl_options(%URI{scheme: "https", host: host}) do

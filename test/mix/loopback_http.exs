@@ -1,3 +1,9 @@
+# The tests run the server in the test VM, whose project does not declare
+# inets: since Elixir 1.15, Mix keeps it off the code path (see
+# Mix.ExlaNative.Artifact's download, which does the same before starting it).
+if function_exported?(Mix, :ensure_application!, 1),
+  do: apply(Mix, :ensure_application!, [:inets])
+
 defmodule EXLA.LoopbackHTTP do
   @moduledoc false
   # A static file server on 127.0.0.1 (inets' httpd) standing in for a
