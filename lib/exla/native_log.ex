@@ -19,6 +19,11 @@ defmodule EXLA.NativeLog do
   | `exla::integrity` | warning | a file fails an integrity check               | `subject`, `path`, `reason`                    |
   | `exla::run`       | trace   | a program runs (once per call)                | `arguments`, `donated`, `outputs`              |
   | `exla::run`       | warning | a donated argument fails to free after a run  | `position`, `error`                            |
+  | `exla::panic`     | error   | EXLA's native code panics (a bug in EXLA)     | `reason`, `location`, `backtrace`              |
+
+  A panic never reaches the VM: it is caught where it happens and the
+  operation fails with an exception. The event says where it happened;
+  its `backtrace` field is there when `RUST_BACKTRACE=1` is set.
 
   At the debug level, failures that also raise (loading a plugin,
   creating a client, compiling) are reported with their `error`, as are
