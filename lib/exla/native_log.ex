@@ -1,6 +1,7 @@
 defmodule EXLA.NativeLog do
   @moduledoc """
-  Forwards the diagnostics of EXLA's native code to `Logger`.
+  Forwards the diagnostics of EXLA's native code to `Logger`, and sets
+  the levels of the lines that PJRT plugins log themselves.
 
   EXLA's NIF reports what happens on its side (plugins, clients,
   compilations, host callbacks, integrity checks) as events with a level,
@@ -19,6 +20,11 @@ defmodule EXLA.NativeLog do
   | `exla::integrity` | warning | a file fails an integrity check               | `subject`, `path`, `reason`                    |
   | `exla::run`       | trace   | a program runs (once per call)                | `arguments`, `donated`, `outputs`              |
   | `exla::run`       | warning | a donated argument fails to free after a run  | `position`, `error`                            |
+  | `exla::panic`     | error   | EXLA's native code panics (a bug in EXLA)     | `reason`, `location`, `backtrace`              |
+
+  A panic never reaches the VM: it is caught where it happens and the
+  operation fails with an exception. The event says where it happened;
+  its `backtrace` field is there when `RUST_BACKTRACE=1` is set.
 
   At the debug level, failures that also raise (loading a plugin,
   creating a client, compiling) are reported with their `error`, as are
@@ -47,6 +53,12 @@ defmodule EXLA.NativeLog do
   nothing else, so disabled events cost nothing measurable, on the per-call
   path either (see `bench/call_cpu_bench.exs`).
 
+      config :exla, :plugin_log_level, :fatal
+
+  The level of the lines that PJRT plugins write to stderr themselves:
+  `:fatal`, `:error`, `:warning`, `:info` or `{:verbose, n}`. Defaults to
+  `:fatal`. See "Plugin logs".
+
   ## Delivery
 
   Events come from any native thread (schedulers, compile and run threads,
@@ -55,14 +67,66 @@ defmodule EXLA.NativeLog do
   which logs them. When this process falls behind and the queue is full,
   new events are dropped rather than make a native thread wait: `dropped/0`
   counts them, and this process logs a warning with how many it missed.
+
+  ## Plugin logs
+
+  A plugin built from XLA logs with Abseil, straight to the VM's stderr
+  (lines such as `W0000 00:00:1795768066.921216 6380 file.cc:123] ...`);
+  EXLA cannot route those lines through `Logger`. The plugin reads its
+  levels from the environment once, when it is loaded:
+
+    * `TF_CPP_MIN_LOG_LEVEL` - the lowest severity written: `0` info,
+      `1` warning, `2` error, `3` fatal;
+    * `TF_CPP_MAX_VLOG_LEVEL` - the most verbose `VLOG(n)` lines written
+      (they are info lines, so they need `TF_CPP_MIN_LOG_LEVEL=0`);
+    * `TF_CPP_VMODULE` - verbose levels per source file, such as
+      `algebraic_simplifier=2,cpu_compiler=1`.
+
+  Before it loads a plugin, EXLA sets these variables in the environment
+  of the operating-system process (which is what the plugin reads; the
+  BEAM's `System.put_env/2` changes only the VM's own copy) from
+  `:plugin_log_level`:
+
+  | `:plugin_log_level` | the plugin writes                          | `TF_CPP_MIN_LOG_LEVEL` | `TF_CPP_MAX_VLOG_LEVEL` |
+  | :------------------ | :----------------------------------------- | :--------------------- | :---------------------- |
+  | `:fatal` (default)  | only the message of a fatal error          | `3`                    | not set                 |
+  | `:error`            | errors too                                 | `2`                    | not set                 |
+  | `:warning`          | warnings too                               | `1`                    | not set                 |
+  | `:info`             | everything but verbose lines               | `0`                    | not set                 |
+  | `{:verbose, n}`     | everything, verbose lines up to `VLOG(n)`  | `0`                    | `n`                     |
+
+  A variable that is already set, in the shell or with `System.put_env/2`
+  before the plugin is loaded, is the user's choice: EXLA passes its value
+  to the plugin instead of its own (so `TF_CPP_VMODULE` needs no
+  configuration). An empty value counts as unset.
+
+  By default only a fatal error's message is written: the plugin writes it
+  just before it aborts the VM, and it is the only one that does not also
+  reach you as an exception. Everything else a plugin fails at (a program
+  it cannot compile or run, a bad option) raises an exception with the
+  plugin's message, and the `:error` and `:warning` lines of a working
+  plugin are mostly advice to XLA's own developers (such as
+  `Algebraic simplifier is likely stuck in a circular simplification
+  loop`, written while a program compiles correctly).
+
+  The setting applies to the plugins loaded after it is set: configure it
+  in your config files, or in `Mix.install/2`'s `:config`, or put it with
+  `Application.put_env/3` before the first client is created. Each plugin
+  keeps the levels it was loaded with.
   """
 
   use GenServer
   require Logger
 
+  @type plugin_level :: :fatal | :error | :warning | :info | {:verbose, pos_integer()}
+
   alias EXLA.NIF
 
   @levels [off: 0, error: 1, warning: 2, info: 3, debug: 4, trace: 5]
+
+  # Abseil's severities, as TF_CPP_MIN_LOG_LEVEL numbers them.
+  @plugin_levels [fatal: 3, error: 2, warning: 1, info: 0]
+  @plugin_variables ~w(TF_CPP_MIN_LOG_LEVEL TF_CPP_MAX_VLOG_LEVEL TF_CPP_VMODULE)
 
   @doc false
   def start_link(opts \\ []) do
@@ -83,6 +147,72 @@ defmodule EXLA.NativeLog do
     code = level_code!(level)
     Application.put_env(:exla, :native_log_level, level)
     NIF.native_log_set_level(code)
+  end
+
+  @doc """
+  The level of the plugins' own log lines (see "Plugin logs").
+  """
+  @spec plugin_level() :: plugin_level()
+  def plugin_level, do: Application.get_env(:exla, :plugin_log_level, :fatal)
+
+  @doc """
+  The environment that a plugin loaded now reads its log levels from, as
+  `{name, value}` pairs (see "Plugin logs"): the user's value of each
+  variable where one is set, else the one that `level` (by default
+  `plugin_level/0`) gives.
+
+  `user` maps the variables the user set to their values (by default the
+  VM's environment, `System.get_env/0`).
+
+      iex> EXLA.NativeLog.plugin_env(:fatal, %{})
+      [{"TF_CPP_MIN_LOG_LEVEL", "3"}]
+      iex> EXLA.NativeLog.plugin_env({:verbose, 2}, %{})
+      [{"TF_CPP_MIN_LOG_LEVEL", "0"}, {"TF_CPP_MAX_VLOG_LEVEL", "2"}]
+      iex> EXLA.NativeLog.plugin_env(:error, %{"TF_CPP_MIN_LOG_LEVEL" => "0", "TF_CPP_VMODULE" => "cpu_compiler=1"})
+      [{"TF_CPP_MIN_LOG_LEVEL", "0"}, {"TF_CPP_VMODULE", "cpu_compiler=1"}]
+
+  """
+  @spec plugin_env(plugin_level(), %{optional(String.t()) => String.t()}) :: [
+          {String.t(), String.t()}
+        ]
+  def plugin_env(level \\ plugin_level(), user \\ System.get_env()) do
+    ours = plugin_variables(level)
+
+    Enum.flat_map(@plugin_variables, fn name ->
+      case user_value(user, name) || ours[name] do
+        nil -> []
+        value -> [{name, value}]
+      end
+    end)
+  end
+
+  @doc false
+  # Called before each plugin is loaded: puts `plugin_env/0` in the
+  # operating-system process's environment, which the plugin reads.
+  def prepare_plugin_env do
+    Enum.each(plugin_env(), fn {name, value} -> NIF.unwrap!(NIF.os_env_put(name, value)) end)
+  end
+
+  defp user_value(user, name) do
+    case Map.get(user, name) do
+      empty when empty in [nil, ""] -> nil
+      value -> value
+    end
+  end
+
+  defp plugin_variables({:verbose, n}) when is_integer(n) and n > 0,
+    do: %{"TF_CPP_MIN_LOG_LEVEL" => "0", "TF_CPP_MAX_VLOG_LEVEL" => Integer.to_string(n)}
+
+  defp plugin_variables(level) do
+    case List.keyfind(@plugin_levels, level, 0) do
+      {_level, min} ->
+        %{"TF_CPP_MIN_LOG_LEVEL" => Integer.to_string(min)}
+
+      nil ->
+        raise ArgumentError,
+              "expected :plugin_log_level to be one of #{inspect(Keyword.keys(@plugin_levels))} " <>
+                "or {:verbose, n} with n a positive integer, got: #{inspect(level)}"
+    end
   end
 
   @doc """

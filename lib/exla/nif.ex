@@ -41,6 +41,7 @@ defmodule EXLA.NIF do
   defp nif_error, do: :erlang.nif_error(:nif_not_loaded)
 
   def plugin_load(_path), do: nif_error()
+  def os_env_put(_name, _value), do: nif_error()
   def library_load_global(_library), do: nif_error()
   def client_create(_plugin, _options, _xla_options), do: nif_error()
   def client_info(_client), do: nif_error()

@@ -93,6 +93,10 @@ defmodule EXLA.Plugin do
 
     * `TPU_LIBRARY_PATH` - the TPU plugin (`libtpu.so`), as JAX reads it
 
+    * `TF_CPP_MIN_LOG_LEVEL`, `TF_CPP_MAX_VLOG_LEVEL`, `TF_CPP_VMODULE` -
+      the levels of the lines a plugin logs to stderr itself (see "Plugin
+      logs" in `EXLA.NativeLog`)
+
   A variable set to the empty string counts as unset.
 
   ## Options
@@ -246,6 +250,8 @@ defmodule EXLA.Plugin do
   def load!(platform, path, opts \\ []) do
     opts = validate!(platform, opts)
     if platform == :cuda, do: prepare_cuda!(path, opts)
+    # The plugin reads its log levels once, as it is loaded.
+    EXLA.NativeLog.prepare_plugin_env()
     path |> EXLA.NIF.plugin_load() |> EXLA.NIF.unwrap!()
   end
 

@@ -1,17 +1,36 @@
 defmodule EXLA.CallbackPanicTest do
   # Panics on the Rust side of host callbacks, injected with the test aid
   # `EXLA.NIF.callback_inject_panic/2` (there is no natural way to make the
-  # handler or the replying NIF panic).
+  # handler or the replying NIF panic). Each panic is reported as an
+  # `exla::panic` error through Logger, never written to stderr: the tests
+  # capture that report and check it.
   use ExUnit.Case, async: false
 
   @moduletag :fault_injection
 
   import Nx.Defn
+  import ExUnit.CaptureLog
 
   defn hooked(a), do: hook(a + 1, :h) * 2
   defn affine(a, b), do: a * 2 + b
 
   defp inject(owner, at), do: EXLA.NIF.unwrap!(EXLA.NIF.callback_inject_panic(owner, at))
+
+  # Runs `fun`, which provokes one injected panic, and returns what it
+  # returns after checking the one panic report it logged.
+  defp with_panic_report(fun) do
+    {result, log} =
+      with_log(fn ->
+        result = fun.()
+        EXLA.NativeLog.flush()
+        result
+      end)
+
+    assert [report] = Regex.scan(~r/\[error\].*\[exla::panic\].*/, log)
+    assert hd(report) =~ "[exla::panic] native code panicked (reason: injected panic in "
+    assert hd(report) =~ ~r/location: native\/exla\/src\/fault.rs:\d+/
+    result
+  end
 
   defp wait_for_sessions(count) do
     closed? = EXLA.TestWait.until(fn -> EXLA.HostCallback.session_count() <= count end, 100, 20)
@@ -35,9 +54,11 @@ defmodule EXLA.CallbackPanicTest do
     fun = EXLA.jit(&hooked/1, hooks: %{h: fn _ -> flunk("the hook must not run") end})
     :ok = inject(self(), :handler)
 
-    assert_raise RuntimeError, ~r/host callback panicked: injected panic in the host/, fn ->
-      fun.(Nx.tensor(1))
-    end
+    with_panic_report(fn ->
+      assert_raise RuntimeError, ~r/host callback panicked: injected panic in the host/, fn ->
+        fun.(Nx.tensor(1))
+      end
+    end)
 
     assert_usable(sessions)
   end
@@ -47,9 +68,11 @@ defmodule EXLA.CallbackPanicTest do
     fun = EXLA.jit(&affine/2, lazy_transfers: :always)
     :ok = inject(self(), :handler)
 
-    assert_raise RuntimeError, ~r/host callback panicked/, fn ->
-      fun.(Nx.tensor([1, 2]), Nx.tensor([3, 4]))
-    end
+    with_panic_report(fn ->
+      assert_raise RuntimeError, ~r/host callback panicked/, fn ->
+        fun.(Nx.tensor([1, 2]), Nx.tensor([3, 4]))
+      end
+    end)
 
     assert Nx.to_flat_list(fun.(Nx.tensor([1, 2]), Nx.tensor([3, 4]))) == [5, 8]
     assert_usable(sessions)
@@ -63,9 +86,11 @@ defmodule EXLA.CallbackPanicTest do
     # rustler turns the NIF's panic into an exception in the calling process;
     # the run it was answering is failed and waited for before it is raised.
     error =
-      assert_raise ErlangError, ~r/nif_panicked/, fn ->
-        fun.(Nx.tensor([1, 2]), Nx.tensor([3, 4]))
-      end
+      with_panic_report(fn ->
+        assert_raise ErlangError, ~r/nif_panicked/, fn ->
+          fun.(Nx.tensor([1, 2]), Nx.tensor([3, 4]))
+        end
+      end)
 
     assert error.original == :nif_panicked
 

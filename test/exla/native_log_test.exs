@@ -9,6 +9,8 @@ defmodule EXLA.NativeLogTest do
 
   alias EXLA.NativeLog
 
+  doctest EXLA.NativeLog
+
   # An Erlang :logger handler that sends every event to the test process,
   # to check levels and metadata exactly.
   defmodule Handler do
@@ -298,6 +300,73 @@ defmodule EXLA.NativeLogTest do
   test "put_level/1 validates the level" do
     assert_raise ArgumentError, ~r/expected the native log level to be one of/, fn ->
       NativeLog.put_level(:verbose)
+    end
+  end
+
+  describe "plugin logs" do
+    test "the user's variables win over :plugin_log_level, and empty ones count as unset" do
+      assert NativeLog.plugin_level() == :fatal
+
+      assert NativeLog.plugin_env(:warning, %{"TF_CPP_MIN_LOG_LEVEL" => ""}) ==
+               [{"TF_CPP_MIN_LOG_LEVEL", "1"}]
+
+      assert NativeLog.plugin_env(:info, %{"TF_CPP_MAX_VLOG_LEVEL" => "3"}) ==
+               [{"TF_CPP_MIN_LOG_LEVEL", "0"}, {"TF_CPP_MAX_VLOG_LEVEL", "3"}]
+
+      for level <- [:debug, {:verbose, 0}, {:verbose, :all}, "info"] do
+        assert_raise ArgumentError, ~r/expected :plugin_log_level to be one of/, fn ->
+          NativeLog.plugin_env(level, %{})
+        end
+      end
+    end
+
+    # The plugin reads its levels when it is loaded, once per OS process:
+    # each case loads it in a fresh VM. Creating a host client makes the
+    # CPU plugin write one info line (`cpu_device_count set via
+    # create_options`).
+    defp plugin_lines(code) do
+      paths = Enum.flat_map(:code.get_path(), &["-pa", List.to_string(&1)])
+
+      code = """
+      #{code}
+      Application.ensure_all_started(:exla)
+      EXLA.Client.fetch!(:host)
+      IO.puts("client created")
+      """
+
+      {output, 0} =
+        System.cmd(System.find_executable("elixir"), paths ++ ["-e", code],
+          env:
+            for(
+              name <- ~w(TF_CPP_MIN_LOG_LEVEL TF_CPP_MAX_VLOG_LEVEL TF_CPP_VMODULE),
+              do: {name, nil}
+            ),
+          stderr_to_stdout: true
+        )
+
+      assert output =~ "client created"
+      Regex.scan(~r/^(?:[IWEF]\d{4} .*|WARNING: All log messages before absl.*)$/m, output)
+    end
+
+    test "by default a plugin writes nothing; a level the user puts in the VM's environment reaches it" do
+      assert plugin_lines("") == []
+
+      # System.put_env/2 changes only the VM's copy of the environment:
+      # EXLA passes it to the plugin, over :plugin_log_level.
+      lines =
+        plugin_lines("""
+        Application.put_env(:exla, :plugin_log_level, :error)
+        System.put_env("TF_CPP_MIN_LOG_LEVEL", "0")
+        """)
+
+      assert Enum.any?(lines, fn [line] ->
+               line =~ ~r/^I\d{4} .*cpu_device_count set via create_options/
+             end)
+    end
+
+    test ":plugin_log_level :info shows the plugin's info lines" do
+      lines = plugin_lines("Application.put_env(:exla, :plugin_log_level, :info)")
+      assert Enum.any?(lines, fn [line] -> line =~ "cpu_device_count set via create_options" end)
     end
   end
 end

@@ -71,14 +71,28 @@ pub struct ClientInfo {
     api_minor: i32,
 }
 
+/// Sets a variable of the operating-system process's environment, where a
+/// plugin reads its settings (its log levels) when it is loaded: the
+/// BEAM's `os:putenv` changes only the BEAM's own copy. `EXLA.NativeLog`
+/// decides the values, before each plugin is loaded.
+#[rustler::nif]
+fn os_env_put(name: String, value: String) -> NifResult<Atom> {
+    if name.is_empty() || name.contains(['=', '\0']) || value.contains('\0') {
+        return Err(Error::argument(format!(
+            "invalid environment variable: {name:?}={value:?}"
+        )));
+    }
+    // setenv is not safe against threads that read the environment at the
+    // same moment; it runs only when the value changes (once per VM as a
+    // rule), before the plugin that reads it exists.
+    if std::env::var_os(&name).is_none_or(|current| current != *value) {
+        std::env::set_var(&name, &value);
+    }
+    Ok(rustler::types::atom::ok())
+}
+
 #[rustler::nif(schedule = "DirtyIo")]
 fn plugin_load(path: String) -> NifResult<ResourceArc<PluginResource>> {
-    // Plugins log INFO lines to stderr through absl and read this once when
-    // loaded; keep warnings and errors unless the user chose a level. The
-    // BEAM's os:putenv does not reach the C environment, so it is set here.
-    if std::env::var_os("TF_CPP_MIN_LOG_LEVEL").is_none() {
-        std::env::set_var("TF_CPP_MIN_LOG_LEVEL", "1");
-    }
     let started = Instant::now();
     let plugin = pjrt::Plugin::load(&path).inspect_err(|error| {
         // A file that exists but fails the checks before dlopen is an

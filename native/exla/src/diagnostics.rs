@@ -17,7 +17,8 @@
 //! starts at warnings.
 //!
 //! Targets: `exla::plugin`, `exla::client`, `exla::compile`,
-//! `exla::callback`, `exla::integrity` and `exla::run` (per call, trace).
+//! `exla::callback`, `exla::integrity`, `exla::run` (per call, trace) and
+//! `exla::panic` (the panic hook, `report_panic`).
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::sync::{LazyLock, Mutex, OnceLock};
@@ -260,11 +261,40 @@ pub fn integrity_failure(subject: &str, path: &str, reason: &str) {
     );
 }
 
-/// Installs the forwarder as the subscriber of every thread; called once,
-/// when the NIF library is loaded.
+/// Installs the forwarder as the subscriber of every thread, and the panic
+/// hook; called once, when the NIF library is loaded.
 pub fn install() {
     // Fails only if a subscriber is set already, which keeps working.
     let _ = tracing::subscriber::set_global_default(Forwarder);
+    std::panic::set_hook(Box::new(report_panic));
+}
+
+/// The panic hook of this library (each Rust library loaded in the VM has
+/// its own copy of `std`, so this hook sees only EXLA's panics). Every
+/// panic here is caught where it happens (a native thread's job, a host
+/// callback's handler, rustler's wrapper of each NIF) and becomes an error
+/// in Elixir; the hook reports it as an `exla::panic` error event, through
+/// `Logger`, instead of writing it to the VM's stderr as Rust's default
+/// hook does. It formats and queues one event, and writes nothing itself.
+fn report_panic(info: &std::panic::PanicHookInfo<'_>) {
+    let payload = info.payload();
+    let reason = payload
+        .downcast_ref::<&str>()
+        .copied()
+        .or_else(|| payload.downcast_ref::<String>().map(String::as_str))
+        .unwrap_or("(a value that is not a string)");
+    let location = info
+        .location()
+        .map(|l| format!("{}:{}", l.file(), l.line()))
+        .unwrap_or_default();
+    // Captured only where RUST_BACKTRACE (or RUST_LIB_BACKTRACE) asks.
+    let backtrace = std::backtrace::Backtrace::capture();
+    if backtrace.status() == std::backtrace::BacktraceStatus::Captured {
+        let backtrace = backtrace.to_string();
+        tracing::error!(target: "exla::panic", reason, location, backtrace, "native code panicked");
+    } else {
+        tracing::error!(target: "exla::panic", reason, location, "native code panicked");
+    }
 }
 
 impl Encoder for Value {
