@@ -150,6 +150,25 @@ defmodule EXLA do
   and `EXLA_CACHE_MIN_COMPILE_TIME` (milliseconds). Within a VM, programs
   that lower to the same MLIR text share one executable.
 
+  ## Recompilation
+
+  The function is part of the key: an anonymous function that captures a
+  tensor is a new function whenever that tensor is another one, and is
+  compiled again although the shapes are the same. To be told when this
+  happens, set:
+
+      config :exla, :check_recompilation, 5
+
+    * `:check_recompilation` - a positive integer `n`, or `:infinity` (the
+      default, no check). EXLA then logs a warning, once, when it has
+      compiled a function `n` times with the same argument and result
+      types and shapes. Closures of the same code count as one function
+      when they capture the same values, tensors counting by type and
+      shape only. Only compilations count (calls served from the cache
+      do nothing more), and not those with `cache: false`, which compile on
+      every call by request. Another value raises `ArgumentError` at the
+      next compilation.
+
   ## Distribution
 
   Tensors and compiled functions may be sent to other nodes of a cluster
@@ -170,8 +189,8 @@ defmodule EXLA do
   ## Telemetry
 
   EXLA emits `[:exla, :compilation]` once per compilation, of a jitted
-  function or of an `EXLA.Backend` operation, with these measurements, all
-  in microseconds:
+  function or of an `EXLA.Backend` operation, exactly as EXLA does: the
+  measurements are, in microseconds,
 
     * `:eval_time` - building the expression (Nx's tracing of the
       function);
@@ -179,31 +198,50 @@ defmodule EXLA do
       MLIR, looking for the program in the compile cache on disk, and
       compiling it with XLA or loading it from there;
     * `:total_time` - their sum;
-    * `:lower_time` - of `:compile_time`, the lowering to MLIR;
-    * `:xla_compile_time` - of `:compile_time`, the PJRT plugin's compile
-      (its HLO passes and its code generation; 0 when the executable came
-      from the disk cache);
-    * `:cache_load_time` - of `:compile_time`, looking for the program in
-      the disk cache, and loading it when it is there;
-    * `:cache_write_time` - of `:compile_time`, serializing a new
-      executable and writing it to the disk cache (0 when it is not
-      written, see `EXLA.CompileCache`).
 
-  The first three are EXLA 0.7.2's. The plugin reports no timings of its
-  own through PJRT: its HLO passes and code generation per kernel can be
-  told apart in an XLA dump (`XLA_FLAGS=--xla_dump_to=DIR`, whose files are
-  written as each stage ends), as `bench/scholar_bench.exs` does with
-  `BENCH_DUMP=1`.
+  and the metadata is exactly `%{key: key}`, where `key` is the compiled
+  function (for `EXLA.Backend`, the operation's name, an atom).
 
-  The metadata is `%{key: key, kind: kind, disk_cache: status}`: `key` is
-  the compiled function (for `EXLA.Backend`, the operation's name), `kind`
-  is `:jit` (`jit/2`, `compile/3` and defn) or `:backend` (an eager
-  `EXLA.Backend` operation), and `status` tells where the executable came
-  from: `:hit` (loaded from the compile cache on disk), `:miss` (compiled
-  by XLA after looking on disk), `:off` (compiled, no disk cache for this
-  call) or `:memory` (the executable of a program with the same MLIR text,
-  compiled or loaded before in this VM, as happens for closures made anew
-  for each call; see `EXLA.CompileCache`).
+  What this EXLA knows beyond that comes with an event of its own,
+  `[:exla, :compilation, :details]`, emitted right after it for the same
+  compilation. Its measurements are the three above and the stages of
+  `:compile_time`, all in microseconds:
+
+    * `:lower_time` - the lowering to MLIR;
+    * `:xla_compile_time` - the PJRT plugin's compile (its HLO passes and
+      its code generation; 0 when the executable came from the disk cache);
+    * `:cache_load_time` - looking for the program in the disk cache, and
+      loading it when it is there;
+    * `:cache_write_time` - serializing a new executable and writing it to
+      the disk cache (0 when it is not written, see `EXLA.CompileCache`).
+
+  Its metadata is `%{key: key, kind: kind, disk_cache: status, client:
+  client}`: `key` as above, `kind` is `:jit` (`jit/2`, `compile/3`,
+  `stream/3`, `shard_jit/3` and defn) or `:backend` (an eager
+  `EXLA.Backend` operation), `client` the name of the client that
+  compiled it, and `status` tells where the executable came from: `:hit`
+  (loaded from the compile cache on disk, or from the file of `cache:
+  path`), `:miss` (compiled by XLA after looking on disk), `:off`
+  (compiled, no disk cache for this call) or `:memory` (the executable of
+  a program with the same MLIR text, compiled or loaded before in this
+  VM, as happens for closures made anew for each call; see
+  `EXLA.CompileCache`).
+
+      :telemetry.attach(
+        "log-slow-compiles",
+        [:exla, :compilation, :details],
+        fn _event, %{xla_compile_time: us}, %{key: key, disk_cache: cache}, _config ->
+          if us > 1_000_000, do: IO.puts("\#{inspect(key)}: \#{div(us, 1000)} ms (\#{cache})")
+        end,
+        nil
+      )
+
+  The plugin reports no timings of its own through PJRT: its HLO passes
+  and code generation per kernel can be told apart in an XLA dump
+  (`XLA_FLAGS=--xla_dump_to=DIR`, whose files are written as each stage
+  ends), as `bench/scholar_bench.exs` does with `BENCH_DUMP=1`.
+
+  Calls served from the cache emit nothing.
 
   With `lazy_transfers: :always`, EXLA emits `[:exla, :lazy_transfer]` each
   time a running program receives an input, with the measurement `:bytes`

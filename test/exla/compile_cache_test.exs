@@ -447,7 +447,12 @@ defmodule EXLA.CompileCacheTest do
 
   describe "through EXLA.jit" do
     setup do
-      ref = :telemetry_test.attach_event_handlers(self(), [[:exla, :compilation]])
+      ref =
+        :telemetry_test.attach_event_handlers(self(), [
+          [:exla, :compilation],
+          [:exla, :compilation, :details]
+        ])
+
       on_exit(fn -> :telemetry.detach(ref) end)
       {:ok, ref: ref}
     end
@@ -459,31 +464,31 @@ defmodule EXLA.CompileCacheTest do
       second = EXLA.jit(fn x -> Nx.exp(Nx.cos(x)) end)
 
       assert same?(first.(x), Nx.exp(Nx.cos(x)))
-      assert_received {[:exla, :compilation], ^ref, _, %{disk_cache: :miss}}
+      assert_received {[:exla, :compilation, :details], ^ref, _, %{disk_cache: :miss}}
       assert [_] = entries(dir)
 
       # The same program again in this VM: its executable, without looking on disk.
       assert same?(second.(x), Nx.exp(Nx.cos(x)))
-      assert_received {[:exla, :compilation], ^ref, m, %{disk_cache: :memory}}
+      assert_received {[:exla, :compilation, :details], ^ref, m, %{disk_cache: :memory}}
       assert m.xla_compile_time == 0 and m.cache_load_time == 0
 
       EXLA.CompileCache.Memory.clear()
       assert same?(EXLA.jit(fn x -> Nx.exp(Nx.cos(x)) end).(x), Nx.exp(Nx.cos(x)))
-      assert_received {[:exla, :compilation], ^ref, _, %{disk_cache: :hit}}
+      assert_received {[:exla, :compilation, :details], ^ref, _, %{disk_cache: :hit}}
 
       EXLA.jit(fn x -> Nx.exp(Nx.cos(x)) end, cache: false).(x)
-      assert_received {[:exla, :compilation], ^ref, _, %{disk_cache: :off}}
+      assert_received {[:exla, :compilation, :details], ^ref, _, %{disk_cache: :off}}
     end
 
     test "cache: a path", %{ref: ref, dir: dir} do
       path = Path.join(dir, "fun.exla")
       x = Nx.tensor([1.0, 2.0])
       assert same?(EXLA.jit(&Nx.multiply(&1, 3), cache: path).(x), Nx.multiply(x, 3))
-      assert_received {[:exla, :compilation], ^ref, _, %{disk_cache: :miss}}
+      assert_received {[:exla, :compilation, :details], ^ref, _, %{disk_cache: :miss}}
       assert File.exists?(path)
 
       assert same?(EXLA.jit(&Nx.multiply(3, &1), cache: path).(x), Nx.multiply(x, 3))
-      assert_received {[:exla, :compilation], ^ref, _, %{disk_cache: :hit}}
+      assert_received {[:exla, :compilation, :details], ^ref, _, %{disk_cache: :hit}}
 
       for bad <- [:yes, "", 1] do
         assert_raise ArgumentError, ~r/expected :cache to be true, false or a file path/, fn ->
@@ -502,13 +507,13 @@ defmodule EXLA.CompileCacheTest do
       second = EXLA.jit(fn x -> x |> Nx.sqrt() |> Nx.Defn.Kernel.hook(send_it) end)
 
       assert same?(first.(x), Nx.sqrt(x))
-      assert_received {[:exla, :compilation], ^ref, _, %{disk_cache: :miss}}
+      assert_received {[:exla, :compilation, :details], ^ref, _, %{disk_cache: :miss}}
       assert_receive {:seen, seen}
       assert same?(seen, Nx.sqrt(x))
 
       EXLA.CompileCache.Memory.clear()
       assert same?(second.(x), Nx.sqrt(x))
-      assert_received {[:exla, :compilation], ^ref, _, %{disk_cache: :hit}}
+      assert_received {[:exla, :compilation, :details], ^ref, _, %{disk_cache: :hit}}
       assert_receive {:seen, again}
       assert same?(again, seen)
     end
