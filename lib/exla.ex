@@ -462,23 +462,50 @@ defmodule EXLA do
   Returns the StableHLO module `function` compiles to for `args`, as a map
   of:
 
-    * `:mlir_module` - the module as text
-    * `:used_inputs` - the positions (in the flattened arguments) of the
-      inputs the computation reads
+    * `:mlir_module` - the module as text, which `EXLA.Executable.compile/3`
+      compiles
+    * `:used_inputs` - a `MapSet` of the positions (in the flattened
+      arguments) of the inputs the computation reads: the module's
+      parameters, in order
     * `:output_container` - the output, with template tensors
 
   `args` may be templates. Nothing is compiled by XLA or cached.
 
+  ## Options
+
+  The options of `jit/2` (those that shape the program, such as
+  `:precision` and `:client`, change the module), and:
+
+    * `:within_defn_compiler` - `true` when called while a `defn` function
+      is being compiled (from a compiler's callback, or a function that
+      `defn` traces): the function is lowered although another compilation
+      is under way, where Nx would otherwise raise. Defaults to `false`.
+
   ## Examples
 
-      iex> %{mlir_module: mlir} = EXLA.to_mlir_module(&Nx.add/2, [Nx.template({3}, {:f, 32}), Nx.template({3}, {:f, 32})])
+      iex> fun = fn x, y -> Nx.add(Nx.sin(x), y) end
+      iex> args = [Nx.template({3}, {:f, 32}), Nx.template({3}, {:f, 32})]
+      iex> %{mlir_module: mlir, used_inputs: used} = EXLA.to_mlir_module(fun, args)
       iex> mlir =~ "func.func public @main"
       true
+      iex> mlir =~ "stablehlo.sine"
+      true
+      iex> used
+      MapSet.new([0, 1])
 
   """
   def to_mlir_module(function, args, options \\ [])
       when is_function(function) and is_list(args) and is_list(options) do
-    EXLA.Defn.__with_mode__(:to_mlir, fn -> jit_apply(function, args, options) end)
+    {nested?, options} = Keyword.pop(options, :within_defn_compiler, false)
+
+    unless is_boolean(nested?) do
+      raise ArgumentError,
+            "expected :within_defn_compiler to be a boolean, got: #{inspect(nested?)}"
+    end
+
+    options = if nested?, do: [on_conflict: :force] ++ options, else: options
+    result = EXLA.Defn.__with_mode__(:to_mlir, fn -> jit_apply(function, args, options) end)
+    %{result | used_inputs: MapSet.new(result.used_inputs)}
   end
 
   @impl Nx.Defn.Compiler

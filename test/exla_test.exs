@@ -125,9 +125,53 @@ defmodule EXLATest do
                EXLA.to_mlir_module(fn a, _b -> {Nx.negate(a), a} end, args)
 
       assert mlir =~ "@main"
-      assert used == [0]
+      assert used == MapSet.new([0])
       assert {%Nx.Tensor{shape: {3}, type: {:f, 32}}, %Nx.Tensor{}} = out
       refute EXLA.cached?(fn a, _b -> {Nx.negate(a), a} end, args)
+    end
+
+    test "its text compiles and computes what jit computes" do
+      fun = fn x, y -> Nx.sum(Nx.multiply(Nx.cos(x), y), axes: [0]) end
+      x = Nx.iota({4, 3}, type: :f32)
+      y = Nx.tensor([2.0, -1.0, 0.5], type: :f32)
+
+      %{mlir_module: mlir, used_inputs: used} = EXLA.to_mlir_module(fun, [x, y])
+      assert used == MapSet.new([0, 1])
+      exe = EXLA.Executable.compile(EXLA.Client.fetch!(:host), mlir)
+
+      inputs = for t <- [x, y], do: {Nx.to_binary(t), EXLA.Shape.make_shape(t.type, t.shape)}
+
+      [[out]] = EXLA.Executable.run(exe, [inputs])
+      expected = Nx.Defn.jit_apply(fun, [x, y], compiler: Nx.Defn.Evaluator)
+      assert EXLA.DeviceBuffer.read(out) == Nx.to_binary(EXLA.jit(fun).(x, y))
+
+      assert Nx.to_number(
+               Nx.all_close(Nx.from_binary(EXLA.DeviceBuffer.read(out), :f32), expected)
+             ) == 1
+    end
+
+    test "within_defn_compiler: true lowers while another compilation is under way" do
+      parent = self()
+
+      inner = fn x -> Nx.exp(x) end
+
+      outer = fn x ->
+        send(parent, {:module, EXLA.to_mlir_module(inner, [x], within_defn_compiler: true)})
+        Nx.negate(x)
+      end
+
+      assert Nx.to_number(EXLA.jit(outer).(Nx.tensor(1.0))) == -1.0
+      assert_received {:module, %{mlir_module: mlir, output_container: out}}
+      assert mlir =~ "stablehlo.exponential"
+      assert %Nx.Tensor{shape: {}, type: {:f, 32}} = out
+
+      assert_raise RuntimeError, ~r/when there is a JIT compilation happening/, fn ->
+        EXLA.jit(fn x -> EXLA.to_mlir_module(inner, [x]) && x end).(Nx.tensor(2.0))
+      end
+
+      assert_raise ArgumentError, ~r/expected :within_defn_compiler to be a boolean/, fn ->
+        EXLA.to_mlir_module(inner, [Nx.tensor(1.0)], within_defn_compiler: :yes)
+      end
     end
   end
 
