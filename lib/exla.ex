@@ -70,7 +70,12 @@ defmodule EXLA do
       nothing is kept, in memory or on disk. A path (a string) keeps the
       function in memory and its executable in that one file, which is
       read when it holds this very program and replaced otherwise (as
-      EXLA 0.9's `cache: path`).
+      EXLA 0.9's `cache: path`); with `debug: true` it logs, as EXLA does,
+      "EXLA disk cache found at PATH" or "EXLA disk cache not found at
+      PATH". EXLA checks that the file holds this very program (see
+      `EXLA.CompileCache`), so, unlike in EXLA, one path given to two
+      functions does not run the wrong program: each call of the other
+      replaces the file.
 
     * `:debug` - when `true`, logs (at the debug level) the time spent
       evaluating the expression, compiling it (with whether each was a cache

@@ -3,6 +3,7 @@ defmodule EXLA.CompileCacheTest do
   use ExUnit.Case, async: false
 
   import ExUnit.CaptureLog
+  require Logger
   import Bitwise, only: [<<<: 2]
 
   alias EXLA.{CompileCache, DeviceBuffer, Executable, Shape}
@@ -495,6 +496,27 @@ defmodule EXLA.CompileCacheTest do
           EXLA.jit(&Nx.negate/1, cache: bad).(x)
         end
       end
+    end
+
+    test "cache: a path with debug: true logs EXLA's lines for the file", %{dir: dir} do
+      level = Logger.level()
+      Logger.configure(level: :debug)
+      on_exit(fn -> Logger.configure(level: level) end)
+      path = Path.join(dir, "debugged.exla")
+      x = Nx.tensor([1.0, 2.0])
+      run = fn fun -> capture_log([level: :debug], fn -> fun.(x) end) end
+
+      log = run.(EXLA.jit(&Nx.subtract(&1, 7), cache: path, debug: true))
+      assert log =~ "EXLA disk cache not found at #{inspect(path)}"
+      refute log =~ "EXLA disk cache found"
+
+      log = run.(EXLA.jit(&Nx.subtract(&1, 7), cache: path, debug: true))
+      assert log =~ "EXLA disk cache found at #{inspect(path)}"
+      assert log =~ "(loaded from the disk cache)"
+
+      # Without debug: true, nothing of the sort.
+      log = run.(EXLA.jit(&Nx.subtract(&1, 7), cache: path))
+      refute log =~ "EXLA disk cache"
     end
 
     test "programs with hooks run their hooks when loaded", %{ref: ref} do
