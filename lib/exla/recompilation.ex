@@ -57,13 +57,18 @@ defmodule EXLA.Recompilation do
 
   defp count(key, vars, expr, threshold) do
     if :ets.whereis(@table) != :undefined do
-      counter = {function_id(key), shapes(vars), shapes([expr])}
+      counter = digest({function_id(key), shapes(vars), shapes([expr])})
       count = :ets.update_counter(@table, counter, 1, {counter, 0})
       if count == threshold, do: warn(key, count)
     end
 
     :ok
   end
+
+  # What a function captures may be large (a closure made in IEx or
+  # Livebook captures every binding): the table keeps a digest of it.
+  defp digest(counter),
+    do: :crypto.hash(:sha256, :erlang.term_to_binary(counter, [:deterministic]))
 
   defp warn(key, count) do
     Logger.warning(

@@ -13,8 +13,10 @@ defmodule EXLA.RecompilationTest do
   defp check(n), do: Application.put_env(:exla, :check_recompilation, n)
 
   # A closure of one code site, capturing `tensor`: a new cache key for
-  # every tensor, the same function for the check.
-  defp scaled(tensor), do: fn x -> Nx.multiply(x, tensor) end
+  # every tensor, the same function for the check. (Its program, with the
+  # final subtraction, is no other test's: a program with the same text
+  # would share its executable, see EXLA.CompileCache.)
+  defp scaled(tensor), do: fn x -> x |> Nx.multiply(tensor) |> Nx.subtract(0.125) end
 
   defp warnings(log), do: length(Regex.scan(~r/EXLA has compiled/, log))
 
@@ -25,7 +27,8 @@ defmodule EXLA.RecompilationTest do
     log =
       capture_log(fn ->
         for i <- 1..6 do
-          assert Nx.to_flat_list(EXLA.jit(scaled(Nx.tensor(i * 1.0))).(x)) == [i * 1.0, i * 2.0]
+          result = EXLA.jit(scaled(Nx.tensor(i * 1.0))).(x)
+          assert Nx.to_flat_list(result) == [i - 0.125, i * 2 - 0.125]
         end
       end)
 
@@ -77,6 +80,30 @@ defmodule EXLA.RecompilationTest do
     log =
       capture_log(fn ->
         for i <- 1..3, do: EXLA.jit(fun.(Nx.tensor(i * 1.0))).(Nx.tensor(1.0), shift: 1)
+      end)
+
+    assert warnings(log) == 1
+  end
+
+  test "counts closures made by evaluated code (IEx, Livebook) by their code and bindings" do
+    check(3)
+    x = Nx.tensor([1.0, 2.0])
+    code = "fn x -> x |> Nx.add(t) |> Nx.subtract(0.125) end"
+    other = "fn x -> x |> Nx.subtract(t) |> Nx.subtract(0.125) end"
+    eval = fn code, t -> code |> Code.eval_string(t: Nx.tensor(t)) |> elem(0) end
+
+    log =
+      capture_log(fn ->
+        # Two closures of other code: counted apart.
+        for t <- [1.0, 2.0], do: EXLA.jit(eval.(other, t)).(x)
+        for t <- [1.0, 2.0], do: EXLA.jit(eval.(code, t)).(x)
+      end)
+
+    assert warnings(log) == 0
+
+    log =
+      capture_log(fn ->
+        assert Nx.to_flat_list(EXLA.jit(eval.(code, 3.0)).(x)) == [3.875, 4.875]
       end)
 
     assert warnings(log) == 1
