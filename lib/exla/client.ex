@@ -106,12 +106,13 @@ defmodule EXLA.Client do
       must exist when the client is created.
 
   Both are required; a missing or invalid one raises `ArgumentError` when
-  the client is created. EXLA gives such a plugin no create options and no
+  the client is created. EXLA gives such a plugin no create options (so
+  `:memory_fraction` and `:preallocate` do not reach it, and
+  `:device_count` is refused, as for every platform but `:host`) and no
   XLA option defaults (the `:host` client's `xla_cpu_use_xnnpack: false`
-  is not applied, even to a CPU plugin), and treats its devices as it does
-  those of a GPU: `:memory_fraction`, `:preallocate` and `:device_count`
-  do not apply. `get_supported_platforms/0` reports `:pjrt_plugin` when a
-  configured client of that platform can be created and finds devices.
+  is not applied, even to a CPU plugin). `get_supported_platforms/0`
+  reports `:pjrt_plugin` when a configured client of that platform can be
+  created and finds devices.
 
   ## XLA options and XLA_FLAGS
 
