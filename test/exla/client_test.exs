@@ -383,9 +383,35 @@ defmodule EXLA.ClientTest do
 
     test "is supported when a configured client of it can be created" do
       cpu = Client.fetch!(:host)
-      clients = [pp: [platform: :pjrt_plugin, device_type: "cpu", plugin_path: cpu.plugin_path]]
-      assert Client.choose_default(clients, [:pp], %{pjrt_plugin: 1}) == :pp
-      options = Client.validate_options!(:a, hd(Keyword.values(clients)))
+      name = unique_name(:supported_pjrt_plugin)
+
+      put_clients([
+        {name, [platform: :pjrt_plugin, device_type: "cpu", plugin_path: cpu.plugin_path]}
+      ])
+
+      # The answer is computed once per VM: computed again here, then put back.
+      key = {EXLA.Client, :supported_platforms}
+      previous = :persistent_term.get(key)
+      :persistent_term.erase(key)
+
+      try do
+        platforms = Client.get_supported_platforms()
+        assert platforms[:pjrt_plugin] == Client.fetch!(name).device_count
+        assert platforms[:host] == previous[:host]
+
+        assert Client.choose_default(Application.fetch_env!(:exla, :clients), [name], platforms) ==
+                 name
+      after
+        :persistent_term.put(key, previous)
+      end
+
+      options =
+        Client.validate_options!(:a,
+          platform: :pjrt_plugin,
+          device_type: "x",
+          plugin_path: "/x.so"
+        )
+
       assert Client.create_options(options) == []
     end
 
