@@ -21,4 +21,15 @@ no_cargo = if System.find_executable("cargo"), do: [], else: [:cargo]
 # only where the default client is the CPU's, are left out.
 by_platform = if EXLA.TestPlatform.cuda?(), do: [:cpu_only], else: [:cuda]
 
-ExUnit.start(exclude: [:slow, :distributed] ++ no_fault_injection ++ no_cargo ++ by_platform)
+# Tests of what only some Nx lines have are tagged with the EXLA.NxVersion
+# fact they need (`@tag nx: :streams?`) or with the line they describe
+# (`@tag nx: :v0_7`); those the compiled Nx does not meet are left out.
+nx_facts = [:streams?, :blocks?, :tokens?, :hook_nodes?, :maps?, :runtime_calls?, :small_types?]
+
+no_nx =
+  for(fact <- nx_facts, not apply(EXLA.NxVersion, fact, []), do: {:nx, fact}) ++
+    for line <- [:v0_7, :v0_12, :v0_13], line != EXLA.NxVersion.line(), do: {:nx, line}
+
+ExUnit.start(
+  exclude: [:slow, :distributed] ++ no_fault_injection ++ no_cargo ++ by_platform ++ no_nx
+)

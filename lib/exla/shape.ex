@@ -27,6 +27,20 @@ defmodule EXLA.Shape do
     {{:c, 128}, 15}
   ]
 
+  # Types of Nx 0.9 and later (f8 is FP8 E5M2; s2, s4, u2 and u4 take a
+  # byte per element on devices, see to_device/2).
+  if EXLA.NxVersion.small_types?() do
+    @codes @codes ++
+             [
+               {{:f, 8}, 16},
+               {{:f8_e4m3fn, 8}, 17},
+               {{:s, 4}, 21},
+               {{:u, 4}, 22},
+               {{:s, 2}, 24},
+               {{:u, 2}, 25}
+             ]
+  end
+
   @doc """
   Builds a shape from an Nx type and a dimensions tuple.
 
@@ -44,9 +58,69 @@ defmodule EXLA.Shape do
       iex> EXLA.Shape.byte_size(EXLA.Shape.make_shape({:s, 64}, {2, 3}))
       48
   """
-  def byte_size(%EXLA.Shape{dtype: {_, bits}, dims: dims}) do
-    dims |> Tuple.to_list() |> Enum.reduce(div(bits, 8), &(&1 * &2))
+  def byte_size(%EXLA.Shape{dtype: dtype, dims: dims}) do
+    dims |> Tuple.to_list() |> Enum.reduce(element_bytes(dtype), &(&1 * &2))
   end
+
+  @doc false
+  # The bytes an element takes on a device: sub-byte integers take one.
+  def element_bytes({_, bits}), do: max(div(bits, 8), 1)
+
+  @doc false
+  # Nx packs sub-byte integers (s2, s4, u2, u4) as bitstrings, `bits` bits
+  # per element, the first element in the highest bits. PJRT takes them
+  # from the host one per byte (to_device/2) and gives them back, and hands
+  # them to host callbacks, packed its own way: `8 / bits` elements per
+  # byte, the first in the lowest bits (from_device/3, to_packed/2). Other
+  # types are left as they are.
+  def to_device(data, {kind, bits}) when bits < 8 and kind in [:s, :u] do
+    for <<x::size(bits) <- data>>, into: <<>>, do: <<extend(x, kind, bits)::8>>
+  end
+
+  def to_device(data, _dtype), do: data
+
+  @doc false
+  # The first `count` elements of data packed by the plugin, packed as Nx
+  # packs them.
+  def from_device(data, {kind, bits}, count) when bits < 8 and kind in [:s, :u] do
+    mask = Bitwise.bsl(1, bits) - 1
+    per_byte = div(8, bits)
+
+    elements =
+      for <<byte <- data>>,
+          i <- 0..(per_byte - 1),
+          do: byte |> Bitwise.bsr(i * bits) |> Bitwise.band(mask)
+
+    for x <- Enum.take(elements, count), into: <<>>, do: <<x::size(bits)>>
+  end
+
+  def from_device(data, _dtype, _count), do: data
+
+  @doc false
+  # Data packed as Nx packs it, packed as the plugin packs it.
+  def to_packed(data, {kind, bits}) when bits < 8 and kind in [:s, :u] do
+    per_byte = div(8, bits)
+    elements = for <<x::size(bits) <- data>>, do: x
+
+    for chunk <- Enum.chunk_every(elements, per_byte), into: <<>> do
+      byte =
+        chunk
+        |> Enum.with_index()
+        |> Enum.reduce(0, fn {x, i}, acc -> Bitwise.bor(acc, Bitwise.bsl(x, i * bits)) end)
+
+      <<byte>>
+    end
+  end
+
+  def to_packed(data, _dtype), do: data
+
+  # A signed element's byte keeps its sign.
+  defp extend(x, :s, bits) do
+    <<v::signed-size(bits)>> = <<x::size(bits)>>
+    v
+  end
+
+  defp extend(x, :u, _bits), do: x
 
   @doc false
   def type_code(dtype)

@@ -192,7 +192,7 @@ defmodule EXLA.XLAOptions do
     end
   end
 
-  defp in_range(value, first..last = range, what) do
+  defp in_range(value, first..last//_ = range, what) do
     if value in range,
       do: :ok,
       else: {:error, "must be #{what} between #{first} and #{last}, got: #{value}"}

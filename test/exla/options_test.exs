@@ -25,6 +25,7 @@ defmodule EXLA.OptionsTest do
       assert Nx.to_flat_list(result) == [5.0, 6.0]
     end
 
+    @tag nx: :streams?
     test "pass through stream" do
       stream = EXLA.stream(fn input, acc -> {acc, Nx.add(input, acc)} end, [0, 0], mode: :train)
       assert Nx.Stream.send(stream, 5) == :ok
@@ -64,7 +65,7 @@ defmodule EXLA.OptionsTest do
       end
 
       assert_raise ArgumentError, ~r/expected the compiler options to be a keyword list/, fn ->
-        EXLA.Defn.validate_options!([:mode])
+        EXLA.Defn.Compilation.validate_options!([:mode])
       end
     end
 
@@ -119,6 +120,7 @@ defmodule EXLA.OptionsTest do
       assert logs =~ ~r"EXLA device 0 lock in \d+\.\dms"
     end
 
+    @tag nx: :streams?
     test "logs the device lock wait and the start of a stream" do
       start = fn ->
         stream = EXLA.stream(fn x, acc -> {acc, Nx.add(x, acc)} end, [0, 0], debug: true)
