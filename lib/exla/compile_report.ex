@@ -23,12 +23,14 @@ defmodule EXLA.CompileReport do
 
   @doc """
   Reports the compilation of `key` for `vars` into `expr` with `opts` (the
-  validated compiler options): `eval_time` and `compile_time` in
-  microseconds, the microseconds of each stage of the compile
-  (`EXLA.CompileTimer`) and where the executable came from (`disk_cache`,
-  see `EXLA.CompileCache`).
+  validated compiler options). `timing` has the microseconds of the
+  evaluation (`:eval_time`), of what followed it (`:compile_time`) and of
+  each stage of the latter (`:stages`, see `EXLA.CompileTimer`);
+  `disk_cache` says where the executable came from (see
+  `EXLA.CompileCache`).
   """
-  def compiled(key, vars, expr, opts, eval_time, compile_time, stages, disk_cache) do
+  def compiled(key, vars, expr, opts, timing, disk_cache) do
+    %{eval_time: eval_time, compile_time: compile_time, stages: stages} = timing
     if opts[:debug], do: log(key, opts[:cache], compile_time, disk_cache)
 
     :telemetry.execute(

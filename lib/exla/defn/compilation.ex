@@ -135,16 +135,8 @@ defmodule EXLA.Defn.Compilation do
     {compile_time, {{compiled, disk_cache}, stages}} =
       :timer.tc(fn -> EXLA.CompileTimer.collect(fn -> compile.(expr) end) end)
 
-    EXLA.CompileReport.compiled(
-      key,
-      vars,
-      expr,
-      opts,
-      eval_time,
-      compile_time,
-      stages,
-      disk_cache
-    )
+    timing = %{eval_time: eval_time, compile_time: compile_time, stages: stages}
+    EXLA.CompileReport.compiled(key, vars, expr, opts, timing, disk_cache)
 
     compiled
   end
