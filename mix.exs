@@ -61,12 +61,16 @@ defmodule EXLA.MixProject do
   defp elixirc_paths(:test), do: ["lib", "test/support"]
   defp elixirc_paths(_), do: ["lib"]
 
-  # Real users get Nx from Hex. A local checkout (NX_PATH pointing at the
-  # `nx` folder of an Nx repository) is used where Hex cannot be reached.
+  # Real users get Nx from Hex: any of the three lines EXLA supports (the
+  # one compiled decides what EXLA implements, see EXLA.NxVersion). A local
+  # checkout (NX_PATH pointing at the `nx` folder of an Nx repository) is
+  # used where Hex cannot be reached.
+  @nx_requirement "~> 0.7.2 or ~> 0.12.0 or ~> 0.13.0"
+
   defp deps do
     case System.get_env("NX_PATH") do
-      nil -> [{:nx, "~> 0.7.2"}]
-      "" -> [{:nx, "~> 0.7.2"}]
+      nil -> [{:nx, @nx_requirement}]
+      "" -> [{:nx, @nx_requirement}]
       path -> [{:nx, path: path, override: true}]
     end
   end

@@ -255,10 +255,10 @@ defmodule EXLA do
   ## Examples
 
       iex> fun = EXLA.jit(&Nx.add/2)
-      iex> fun.(Nx.tensor([1, 2, 3]), Nx.tensor([4, 5, 6]))
+      iex> fun.(Nx.tensor([1.0, 2.0, 3.0]), Nx.tensor([4.0, 5.0, 6.0]))
       #Nx.Tensor<
-        s64[3]
-        [5, 7, 9]
+        f32[3]
+        [5.0, 7.0, 9.0]
       >
 
   """
@@ -293,10 +293,10 @@ defmodule EXLA do
 
   ## Examples
 
-      iex> EXLA.jit_apply(&Nx.sum/1, [Nx.tensor([1, 2, 3])])
+      iex> EXLA.jit_apply(&Nx.sum/1, [Nx.tensor([1.0, 2.0, 3.0])])
       #Nx.Tensor<
-        s64
-        6
+        f32
+        6.0
       >
 
   """
@@ -370,67 +370,106 @@ defmodule EXLA do
       total = EXLA.shard_jit(&Nx.sum/1, {2}, input_shardings: [%{0 => 0}])
       total.(Nx.iota({4, 3}))
       #=> 66, from an all-reduce of the two devices' partial sums
+
+  ## With an `Nx.Mesh` (Nx 0.12 and later)
+
+  Given an `%Nx.Mesh{}`, this is `Nx.Defn.shard_jit/3` with EXLA as the
+  compiler, as in EXLA 0.11 and later: `:input_shardings` is required, one
+  map per input tensor from a tensor axis (an integer or a name) to a list
+  of mesh axes (this EXLA splits a tensor axis over one mesh axis); the
+  returned function takes one list of arguments per partition, each
+  already that partition's part, and returns one result per partition.
+  Unlike upstream EXLA, whose results are each partition's part as XLA's
+  partitioner lays them out, each partition's result here is the whole
+  result, on that partition's device.
+
+      mesh = %Nx.Mesh{name: "mesh", shape: {2}}
+      add = EXLA.shard_jit(&Nx.add/2, mesh, input_shardings: [%{0 => [0]}, %{}])
+      add.([[Nx.tensor([1, 2]), 10], [Nx.tensor([3, 4]), 10]])
+      #=> [[11, 12, 13, 14], [11, 12, 13, 14]], on devices 0 and 1
   """
   def shard_jit(function, mesh, options \\ [])
+
+  if EXLA.NxVersion.blocks?() do
+    def shard_jit(function, %Nx.Mesh{} = mesh, options)
+        when is_function(function) and is_list(options) do
+      Nx.Defn.shard_jit(function, mesh, Keyword.put(options, :compiler, __MODULE__))
+    end
+  end
+
+  def shard_jit(function, mesh, options)
       when is_function(function) and is_list(options) do
     Nx.Defn.jit(function, [compiler: EXLA.Defn.Sharded, mesh: mesh] ++ options)
   end
 
-  @doc """
-  Compiles `function` with EXLA and starts it as a stream: a program that
-  keeps running on the device and handles chunks of input as they come.
+  # Nx 0.7 only: Nx 0.10 removed Nx.Defn.stream/3 and the Nx.Stream
+  # protocol, and EXLA 0.10 and later have no streams either.
+  if EXLA.NxVersion.streams?() do
+    @doc """
+    Compiles `function` with EXLA and starts it as a stream: a program that
+    keeps running on the device and handles chunks of input as they come.
 
-  Equivalent to `Nx.Defn.stream/3` with `compiler: EXLA` added to
-  `options`. `function` takes a chunk and the accumulator and returns
-  `{output, accumulator}`. The accumulator stays on the device between
-  chunks; each `Nx.Stream.send/2` (from any process) produces one output
-  for `Nx.Stream.recv/1`, and `Nx.Stream.done/1` ends the stream and
-  returns the last accumulator. Only the process that started the stream
-  may call `recv` and `done`.
+    Equivalent to `Nx.Defn.stream/3` with `compiler: EXLA` added to
+    `options`. `function` takes a chunk and the accumulator and returns
+    `{output, accumulator}`. The accumulator stays on the device between
+    chunks; each `Nx.Stream.send/2` (from any process) produces one output
+    for `Nx.Stream.recv/1`, and `Nx.Stream.done/1` ends the stream and
+    returns the last accumulator. Only the process that started the stream
+    may call `recv` and `done`.
 
-      defn tenfold(chunk, count), do: {chunk * 10, count + 1}
+        defn tenfold(chunk, count), do: {chunk * 10, count + 1}
 
-      stream = EXLA.stream(&tenfold/2, [0, 0])
-      Nx.Stream.send(stream, 4)
-      Nx.Stream.send(stream, 7)
-      Nx.to_number(Nx.Stream.recv(stream))
-      #=> 40
-      Nx.to_number(Nx.Stream.recv(stream))
-      #=> 70
-      Nx.to_number(Nx.Stream.done(stream))
-      #=> 2
+        stream = EXLA.stream(&tenfold/2, [0, 0])
+        Nx.Stream.send(stream, 4)
+        Nx.Stream.send(stream, 7)
+        Nx.to_number(Nx.Stream.recv(stream))
+        #=> 40
+        Nx.to_number(Nx.Stream.recv(stream))
+        #=> 70
+        Nx.to_number(Nx.Stream.done(stream))
+        #=> 2
 
-  ## Errors
+    ## Errors
 
-    * `Nx.Stream.send/2` of data that does not match the stream's input
-      (type, shape, names, as `Nx.compatible?/2`) raises `ArgumentError`;
-      the stream goes on. Data may be any `Nx.LazyContainer`; other data (a
-      list, an atom, a string) raises the same way. Of a lazy container,
-      only the tensors the step reads are built and sent.
+      * `Nx.Stream.send/2` of data that does not match the stream's input
+        (type, shape, names, as `Nx.compatible?/2`) raises `ArgumentError`;
+        the stream goes on. Data may be any `Nx.LazyContainer`; other data (a
+        list, an atom, a string) raises the same way. Of a lazy container,
+        only the tensors the step reads are built and sent.
 
-    * `Nx.Stream.done/1` while outputs are not received yet raises
-      `RuntimeError` ("cannot mark stream as done when there are recv
-      messages pending") and changes nothing: receive them, then call
-      `Nx.Stream.done/1` again.
+      * `Nx.Stream.done/1` while outputs are not received yet raises
+        `RuntimeError` ("cannot mark stream as done when there are recv
+        messages pending") and changes nothing: receive them, then call
+        `Nx.Stream.done/1` again.
 
-    * `Nx.Stream.recv/1` on a stream that has ended (done, or failed)
-      raises `RuntimeError` ("cannot recv from stream because it has been
-      terminated"); so do `Nx.Stream.done/1` and `Nx.Stream.send/2`, with
-      their own messages.
+      * `Nx.Stream.recv/1` on a stream that has ended (done, or failed)
+        raises `RuntimeError` ("cannot recv from stream because it has been
+        terminated"); so do `Nx.Stream.done/1` and `Nx.Stream.send/2`, with
+        their own messages.
 
-    * When the program fails (which checked input cannot make happen), the
-      next `Nx.Stream.recv/1` raises the failure (so does
-      `Nx.Stream.done/1` when no output is pending).
+      * When the program fails (which checked input cannot make happen), the
+        next `Nx.Stream.recv/1` raises the failure (so does
+        `Nx.Stream.done/1` when no output is pending).
 
-    * `Nx.Stream.recv/1` and `Nx.Stream.done/1` from another process raise
-      `RuntimeError`.
+      * `Nx.Stream.recv/1` and `Nx.Stream.done/1` from another process raise
+        `RuntimeError`.
 
-    * If the starting process dies, the native side closes the session and
-      the program ends. In every case the client stays usable.
-  """
-  def stream(function, args, options \\ [])
-      when is_function(function) and is_list(args) and is_list(options) do
-    Nx.Defn.stream(function, args, Keyword.put(options, :compiler, __MODULE__))
+      * If the starting process dies, the native side closes the session and
+        the program ends. In every case the client stays usable.
+    """
+    def stream(function, args, options \\ [])
+        when is_function(function) and is_list(args) and is_list(options) do
+      Nx.Defn.stream(function, args, Keyword.put(options, :compiler, __MODULE__))
+    end
+
+    @doc """
+    Returns whether the stream of `function` with `args` and `options` is
+    compiled and cached already. Nothing is compiled or run.
+    """
+    def stream_cached?(function, args, options \\ [])
+        when is_function(function) and is_list(args) and is_list(options) do
+      EXLA.Defn.__with_mode__(:cached?, fn -> stream(function, args, options) end)
+    end
   end
 
   @doc """
@@ -452,15 +491,6 @@ defmodule EXLA do
   def cached?(function, args, options \\ [])
       when is_function(function) and is_list(args) and is_list(options) do
     EXLA.Defn.__with_mode__(:cached?, fn -> jit_apply(function, args, options) end)
-  end
-
-  @doc """
-  Returns whether the stream of `function` with `args` and `options` is
-  compiled and cached already. Nothing is compiled or run.
-  """
-  def stream_cached?(function, args, options \\ [])
-      when is_function(function) and is_list(args) and is_list(options) do
-    EXLA.Defn.__with_mode__(:cached?, fn -> stream(function, args, options) end)
   end
 
   @doc """
@@ -519,8 +549,17 @@ defmodule EXLA do
   @impl Nx.Defn.Compiler
   defdelegate __compile__(key, vars, fun, opts), to: EXLA.Defn
 
-  @impl Nx.Defn.Compiler
-  defdelegate __stream__(key, input, acc, vars, fun, args_list, opts), to: EXLA.Defn
+  if EXLA.NxVersion.streams?() do
+    @impl Nx.Defn.Compiler
+    defdelegate __stream__(key, input, acc, vars, fun, args_list, opts), to: EXLA.Defn
+  end
+
+  if EXLA.NxVersion.blocks?() do
+    @impl Nx.Defn.Compiler
+    defdelegate __shard_jit__(key, mesh, vars, fun, args_list, opts),
+      to: EXLA.Defn.Sharded,
+      as: :shard_jit
+  end
 
   @impl Nx.Defn.Compiler
   defdelegate __partitions_options__(opts), to: EXLA.Defn

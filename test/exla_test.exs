@@ -176,6 +176,7 @@ defmodule EXLATest do
   end
 
   describe "stream/3" do
+    @describetag nx: :streams?
     test "stream_cached?/3 is false for streams never started" do
       refute EXLA.stream_cached?(fn x, acc -> {x, acc} end, [Nx.template({}, {:f, 32}), 0])
     end

@@ -77,18 +77,19 @@ defmodule EXLA.Backend do
 
     * `Nx.LinAlg.triangular_solve/3` with a zero on the diagonal returns
       XLA's result (infinities and NaN) instead of raising.
-    * `Nx.LinAlg.eigh/2` of a complex matrix raises `ArgumentError` (Nx's
-      default implementation returns real eigenvalues, which do not match
-      the complex output Nx expects), eagerly and in jit alike.
+    * `Nx.LinAlg.eigh/2` of a complex matrix raises `ArgumentError` on
+      Nx 0.7 (Nx's default implementation returns real eigenvalues, which
+      do not match the complex output Nx expects), eagerly and in jit
+      alike; Nx 0.12 and later compute it.
     * `Nx.round/1` keeps the sign of a zero result (`round(-0.3)` is -0.0).
 
   ## Examples
 
-      iex> t = Nx.tensor([1, 2, 3], backend: EXLA.Backend)
+      iex> t = Nx.tensor([1.0, 2.0, 3.0], backend: EXLA.Backend)
       iex> Nx.add(t, t)
       #Nx.Tensor<
-        s64[3]
-        [2, 4, 6]
+        f32[3]
+        [2.0, 4.0, 6.0]
       >
 
       iex> t = Nx.tensor([1.0, 2.0], backend: {EXLA.Backend, client: :host})
@@ -173,13 +174,13 @@ defmodule EXLA.Backend do
   ## Transfers and lifetime
 
   @impl true
-  def to_binary(%T{type: {_, bits}, data: %B{buffer: buffer}}, limit) do
+  def to_binary(%T{type: type, data: %B{buffer: buffer}}, limit) do
     count = Tuple.product(buffer.shape.dims)
 
     if limit >= count do
       EXLA.DeviceBuffer.read(buffer)
     else
-      EXLA.DeviceBuffer.read(buffer, limit * div(bits, 8))
+      EXLA.DeviceBuffer.read(buffer, limit * EXLA.Shape.element_bytes(type))
     end
   end
 
@@ -222,6 +223,7 @@ defmodule EXLA.Backend do
 
   @impl true
   def to_batched(out, %T{type: {_, bits}, data: %B{buffer: buffer}}, batch_opts) do
+    # Sizes are in bits: Nx packs sub-byte types.
     # The batches of another node's tensor are made on this node's default.
     opts =
       if EXLA.DeviceBuffer.local?(buffer),
@@ -229,10 +231,10 @@ defmodule EXLA.Backend do
         else: []
 
     binary = EXLA.DeviceBuffer.read(buffer)
-    batch_bytes = Nx.size(out) * div(bits, 8)
-    total = byte_size(binary)
-    full = div(total, batch_bytes)
-    rest = total - full * batch_bytes
+    batch_bits = Nx.size(out) * bits
+    total = bit_size(binary)
+    full = div(total, batch_bits)
+    rest = total - full * batch_bits
 
     last =
       if rest > 0 and batch_opts[:leftover] == :repeat,
@@ -241,13 +243,22 @@ defmodule EXLA.Backend do
 
     Stream.map(0..last//1, fn
       ^full ->
-        missing = batch_bytes - rest
-        batch = [binary_part(binary, full * batch_bytes, rest), binary_part(binary, 0, missing)]
-        from_binary(out, IO.iodata_to_binary(batch), opts)
+        missing = batch_bits - rest
+
+        batch =
+          <<bits_part(binary, full * batch_bits, rest)::bitstring,
+            bits_part(binary, 0, missing)::bitstring>>
+
+        from_binary(out, batch, opts)
 
       i ->
-        from_binary(out, binary_part(binary, i * batch_bytes, batch_bytes), opts)
+        from_binary(out, bits_part(binary, i * batch_bits, batch_bits), opts)
     end)
+  end
+
+  defp bits_part(bits, start, size) do
+    <<_::bitstring-size(start), part::bitstring-size(size), _::bitstring>> = bits
+    part
   end
 
   ## Inspect
@@ -287,64 +298,11 @@ defmodule EXLA.Backend do
 
   ## Operations compiled with XLA
 
-  unary_ops =
-    Enum.map(Nx.Shared.unary_math_funs(), &elem(&1, 0)) ++
-      [:abs, :bitwise_not, :ceil, :conjugate, :floor, :negate, :round, :sign] ++
-      [:count_leading_zeros, :population_count, :real, :imag, :is_nan, :is_infinity] ++
-      [:as_type, :bitcast, :reshape]
+  # Every callback that is an op EXLA lowers (EXLA.Defn.OpTable) runs as
+  # that op compiled; these are the ones written by hand below.
+  @by_hand [:eye, :iota, :optional, :block]
 
-  binary_ops =
-    [:add, :subtract, :multiply, :pow, :remainder, :divide, :atan2, :min, :max, :quotient] ++
-      [:bitwise_and, :bitwise_or, :bitwise_xor, :left_shift, :right_shift] ++
-      [:equal, :not_equal, :greater, :less, :greater_equal, :less_equal] ++
-      [:logical_and, :logical_or, :logical_xor]
-
-  other_ops = [
-    squeeze: 2,
-    broadcast: 3,
-    transpose: 2,
-    pad: 3,
-    reverse: 2,
-    dot: 6,
-    clip: 3,
-    slice: 4,
-    put_slice: 3,
-    take: 3,
-    take_along_axis: 3,
-    gather: 3,
-    concatenate: 2,
-    select: 3,
-    conv: 3,
-    all: 2,
-    any: 2,
-    sum: 2,
-    product: 2,
-    reduce_max: 2,
-    reduce_min: 2,
-    argmax: 2,
-    argmin: 2,
-    reduce: 4,
-    window_reduce: 5,
-    window_sum: 3,
-    window_product: 3,
-    window_max: 3,
-    window_min: 3,
-    map: 3,
-    sort: 2,
-    argsort: 2,
-    window_scatter_max: 5,
-    window_scatter_min: 5,
-    indexed_add: 4,
-    indexed_put: 4,
-    lu: 2,
-    triangular_solve: 3,
-    fft: 2,
-    ifft: 2
-  ]
-
-  all_ops = Enum.map(unary_ops, &{&1, 1}) ++ Enum.map(binary_ops, &{&1, 2}) ++ other_ops
-
-  for {op, arity} <- all_ops do
+  for {op, arity} <- EXLA.Defn.OpTable.backend_ops(), op not in @by_hand do
     args = Macro.generate_arguments(arity, __MODULE__)
 
     @impl true
@@ -353,18 +311,92 @@ defmodule EXLA.Backend do
     end
   end
 
-  @impl true
-  def optional(name, args, fun) do
+  if EXLA.NxVersion.blocks?() do
+    # A block (Nx 0.12 and later) runs as one program: EXLA's lowering of
+    # its struct where it has one (see EXLA.CustomCall), else the default
+    # implementation, compiled. The struct is part of the key: its fields
+    # are the block's static options.
+    @impl true
+    def block(struct, _output, args, fun) do
+      run_whole(:block, {struct, fun}, args, fn filled ->
+        Nx.Defn.Expr.block(struct, filled, fun)
+      end)
+    end
+
+    # Pointers (Nx 0.12 and later): `:local` pointers to host memory. A
+    # tensor's pointer is the address of its buffer, valid while the
+    # tensor's buffer is neither deallocated nor donated; a tensor from a
+    # pointer is a copy of the memory there, which the caller vouches for.
+    # IPC handles (`mode: :ipc`) and device memory are not supported.
+    @impl true
+    def to_pointer(%T{data: %B{buffer: buffer}}, opts) do
+      opts = Keyword.validate!(opts, [:permissions, mode: :local])
+
+      if opts[:mode] != :local do
+        raise ArgumentError,
+              "EXLA.Backend supports only :local pointers, got mode: #{inspect(opts[:mode])}"
+      end
+
+      case EXLA.DeviceBuffer.host_address(buffer) do
+        nil ->
+          raise ArgumentError,
+                "Nx.to_pointer/2 needs a tensor in host memory, got one on #{buffer.client_name}"
+
+        address ->
+          size = EXLA.Shape.byte_size(buffer.shape)
+          %Nx.Pointer{kind: :local, address: address, data_size: size, handle: nil}
+      end
+    end
+
+    @impl true
+    def from_pointer(
+          %Nx.Pointer{kind: :local, address: address} = pointer,
+          type,
+          shape,
+          backend_opts,
+          opts
+        )
+        when is_integer(address) do
+      {client, device_id} = client_and_device!(backend_opts)
+      exla_shape = EXLA.Shape.make_shape(type, shape)
+      size = EXLA.Shape.byte_size(exla_shape)
+
+      if pointer.data_size not in [nil, size] do
+        raise ArgumentError,
+              "the pointer holds #{pointer.data_size} bytes, but #{inspect(type)} " <>
+                "#{inspect(shape)} takes #{size}"
+      end
+
+      buffer = EXLA.DeviceBuffer.from_address(address, exla_shape, client, device_id)
+      names = opts[:names] || List.duplicate(nil, tuple_size(shape))
+      %T{type: type, shape: shape, names: names, data: %B{buffer: buffer}}
+    end
+
+    def from_pointer(pointer, _type, _shape, _backend_opts, _opts) do
+      raise ArgumentError,
+            "EXLA.Backend supports only :local pointers with an address, got: #{inspect(pointer)}"
+    end
+  else
+    @impl true
+    def optional(name, args, fun) do
+      run_whole(:optional, name, args, fn filled -> Nx.Defn.Expr.optional(name, filled, fun) end)
+    end
+  end
+
+  # Runs an operation with a default implementation (a block or an optional
+  # op) as one cached program; `expr` builds its expression from the
+  # arguments with parameters in place of the tensors.
+  defp run_whole(kind, name, args, expr) do
     {skeleton, {tensors, place}} = scan(args, {[], nil}, true)
     {client_name, device_id} = place || default_place()
-    key = {__MODULE__, :optional, name, skeleton, client_name, device_id}
+    key = {__MODULE__, kind, name, skeleton, client_name, device_id}
     tensors = Enum.reverse(tensors)
 
     compiled =
       LockedCache.get(key, :bounded) ||
         compile(key, name, tensors, client_name, device_id, fn params ->
           {filled, []} = fill(skeleton, params)
-          Nx.Defn.Expr.optional(name, filled, fun)
+          expr.(filled)
         end)
 
     EXLA.Defn.__run__(compiled, tensors)

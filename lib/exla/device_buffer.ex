@@ -39,7 +39,8 @@ defmodule EXLA.DeviceBuffer do
   Copies `data` to a new buffer of `shape` on `device_id` of `client`.
   """
   def place_on_device(data, %Shape{} = shape, client, device_id)
-      when is_binary(data) and is_integer(device_id) do
+      when is_bitstring(data) and is_integer(device_id) do
+    data = Shape.to_device(data, shape.dtype)
     {code, dims} = Shape.to_spec(shape)
     client = EXLA.Client.local(client)
 
@@ -55,8 +56,31 @@ defmodule EXLA.DeviceBuffer do
     from_ref(ref, client, device_id, shape)
   end
 
-  def place_on_device(data, %Shape{}, _client, _device_id) when not is_binary(data) do
+  def place_on_device(data, %Shape{}, _client, _device_id) when not is_bitstring(data) do
     raise ArgumentError, "expected a binary to place on the device, got: #{inspect(data)}"
+  end
+
+  @doc """
+  The address of the buffer's data in this process's host memory (waiting
+  for it to be computed), or `nil` when the buffer lives on a device. It
+  stays valid while the buffer is neither deallocated nor donated.
+  """
+  def host_address(%__MODULE__{ref: ref}) when Remote.local?(ref),
+    do: NIF.unwrap!(NIF.buffer_host_address(ref))
+
+  def host_address(%__MODULE__{}), do: nil
+
+  @doc """
+  A new buffer of `shape` on `device_id` of `client` with a copy of the
+  bytes at `address` in this process's memory, which the caller vouches
+  for (see `Nx.from_pointer/5`).
+  """
+  def from_address(address, %Shape{} = shape, client, device_id)
+      when is_integer(address) and address >= 0 do
+    {code, dims} = Shape.to_spec(shape)
+    client = EXLA.Client.local(client)
+    ref = NIF.unwrap!(NIF.buffer_from_address(client.ref, address, code, dims, device_id))
+    from_ref(ref, client, device_id, shape)
   end
 
   @doc """
@@ -82,7 +106,9 @@ defmodule EXLA.DeviceBuffer do
   @doc """
   Reads the buffer's data, waiting for it to be computed.
 
-  `size` limits how many bytes are read; -1 reads all of them.
+  `size` limits how many bytes are read; -1 reads all of them. Sub-byte
+  integers take a byte each on the device, and are packed as Nx packs them
+  when read (see `EXLA.Shape`).
   """
   def read(buffer, size \\ -1)
 
@@ -93,13 +119,16 @@ defmodule EXLA.DeviceBuffer do
 
     # A small read of ready data copies on this scheduler; a large one, or
     # one that waits for its data, on a dirty scheduler (see EXLA.Placement).
-    with true <- small_read?(bytes),
-         {:ok, data} when is_binary(data) <- NIF.buffer_read(ref, size) do
-      data
-    else
-      waits when waits in [false, {:ok, nil}] -> NIF.unwrap!(NIF.buffer_read_dirty(ref, size))
-      error -> NIF.unwrap!(error)
-    end
+    data =
+      with true <- small_read?(bytes),
+           {:ok, data} when is_binary(data) <- NIF.buffer_read(ref, size) do
+        data
+      else
+        waits when waits in [false, {:ok, nil}] -> NIF.unwrap!(NIF.buffer_read_dirty(ref, size))
+        error -> NIF.unwrap!(error)
+      end
+
+    Shape.from_device(data, shape.dtype, div(bytes, Shape.element_bytes(shape.dtype)))
   end
 
   def read(%__MODULE__{} = buffer, size) when is_integer(size),

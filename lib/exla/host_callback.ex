@@ -14,6 +14,10 @@ defmodule EXLA.HostCallback do
   #     values: `fun` is called, in the owner, with them rebuilt after
   #     `template` (see `container/2`);
   #
+  #   * `{:runtime_call, fun, template, out, opts}` - the program hands over
+  #     the input of `Nx.runtime_call/4` and waits (at the `:recv` site
+  #     that follows) for `fun.(input, opts)`, checked against `out`;
+  #
   #   * `{:input, index}` - the program needs lazy input `index`: the run's
   #     `:fetch_input` function gives its binary, which is pushed to the
   #     session (and `[:exla, :lazy_transfer]` is emitted);
@@ -166,6 +170,15 @@ defmodule EXLA.HostCallback do
     fun.(container(template, binaries))
   end
 
+  defp serve({:runtime_call, fun, template, out, opts}, binaries, run) do
+    result = fun.(container(template, binaries), opts)
+    outputs = runtime_call_outputs!(result, out)
+    # A closed session means the run already failed; its result says why.
+    binaries = Enum.map(outputs, &EXLA.Shape.to_packed(Nx.to_binary(&1), &1.type))
+    _ = NIF.callback_push(run.session, binaries)
+    :ok
+  end
+
   defp serve({:input, index}, [], run) do
     binary = run.fetch_input.(index)
 
@@ -177,6 +190,28 @@ defmodule EXLA.HostCallback do
     # A closed session means the run already failed; its result says why.
     _ = NIF.callback_push(run.session, [binary])
     :ok
+  end
+
+  # The tensors of a runtime call's result, checked against its template
+  # (as Nx.Defn.Evaluator checks them).
+  defp runtime_call_outputs!(result, out) do
+    expected = Composite.flatten_list([out])
+    got = Composite.flatten_list([result])
+
+    compatible? =
+      length(got) == length(expected) and
+        Enum.all?(Enum.zip(got, expected), fn {g, e} ->
+          match?(%Nx.Tensor{}, g) and g.type == e.type and g.shape == e.shape and
+            g.vectorized_axes == e.vectorized_axes
+        end)
+
+    unless compatible? do
+      raise ArgumentError,
+            "Nx.runtime_call/4 expected its function to return a result matching " <>
+              "#{inspect(out)}, got: #{inspect(result)}"
+    end
+
+    got
   end
 
   defp no_lazy_inputs(index) do
@@ -243,7 +278,14 @@ defmodule EXLA.HostCallback do
   tensors.
   """
   def container(template, binaries) do
-    fill(template, Enum.map(binaries, &%Nx.BinaryBackend{state: &1}))
+    tensors = template |> List.wrap() |> Composite.flatten_list()
+
+    datas =
+      Enum.zip_with(binaries, tensors, fn binary, t ->
+        %Nx.BinaryBackend{state: EXLA.Shape.from_device(binary, t.type, Nx.size(t))}
+      end)
+
+    fill(template, datas)
   end
 
   @doc """

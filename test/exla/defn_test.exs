@@ -81,7 +81,7 @@ defmodule EXLA.DefnTest do
 
     test "compiled functions" do
       fun = EXLA.compile(&add_two/2, [Nx.template({2}, {:s, 64}), Nx.template({2}, {:s, 64})])
-      assert flat(fun.(Nx.tensor([1, 2]), Nx.tensor([3, 4]))) == [4, 6]
+      assert flat(fun.(Nx.tensor([1, 2], type: :s64), Nx.tensor([3, 4], type: :s64))) == [4, 6]
     end
 
     test "to_mlir_module of a defn function" do
@@ -118,7 +118,7 @@ defmodule EXLA.DefnTest do
           make_ref(),
           vars,
           runtime,
-          [[fn -> Nx.tensor(1) end], [fn -> Nx.tensor(2) end]],
+          [[fn -> Nx.tensor(1, type: :s64) end], [fn -> Nx.tensor(2, type: :s64) end]],
           []
         )
 

@@ -345,7 +345,7 @@ defmodule EXLA.ExecutableTest do
     assert shapes.("func.func @main() -> ()") == []
 
     assert_raise ArgumentError, ~r/unsupported MLIR element type/, fn ->
-      shapes.("func.func @main(%x: tensor<2xf8E4M3FN>) -> ()")
+      shapes.("func.func @main(%x: tensor<2xf8E4M3B11FNUZ>) -> ()")
     end
 
     assert_raise ArgumentError, ~r/no @main function/, fn -> shapes.("func.func @f() -> ()") end

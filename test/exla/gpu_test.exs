@@ -215,6 +215,7 @@ defmodule EXLA.GPUTest do
       assert Nx.to_flat_list(doubled) == [2.0, 4.0, 6.0]
     end
 
+    @tag nx: :streams?
     test "a stream sends and receives through the device" do
       stream =
         EXLA.stream(

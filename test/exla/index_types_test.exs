@@ -5,7 +5,14 @@ defmodule EXLA.IndexTypesTest do
 
   @index_types [{:s, 8}, {:s, 16}, {:s, 32}, {:s, 64}, {:u, 8}, {:u, 16}, {:u, 32}, {:u, 64}]
 
-  defp idx(list, type), do: Nx.tensor(list, type: type, backend: Nx.BinaryBackend)
+  # Nx 0.13.1 takes only expressions as the tensors of a block inside
+  # defn (Nx.take/3 and Nx.take_along_axis/3 are blocks there; Nx after
+  # 0.13.1 takes constants too, elixir-nx/nx#1807): inside jit the indices
+  # are made the program's constants explicitly, on every Nx line.
+  defp idx(list, type) do
+    t = Nx.tensor(list, type: type, backend: Nx.BinaryBackend)
+    if Nx.Defn.Compiler.current(), do: Nx.Defn.Expr.tensor(t), else: t
+  end
 
   # Each case takes the operand and the index type.
   @cases [
@@ -100,8 +107,8 @@ defmodule EXLA.IndexTypesTest do
   end
 
   test "u64 indices past the s64 range clamp to the end of the axis" do
-    huge = idx([18_446_744_073_709_551_615, 0, 9_223_372_036_854_775_808], {:u, 64})
-    result = EXLA.jit(&Nx.take(&1, huge, axis: 2)).(operand())
+    huge = fn -> idx([18_446_744_073_709_551_615, 0, 9_223_372_036_854_775_808], {:u, 64}) end
+    result = EXLA.jit(&Nx.take(&1, huge.(), axis: 2)).(operand())
     assert Nx.to_flat_list(result[0][0]) == [3.0, 0.0, 3.0]
 
     start = idx(18_446_744_073_709_551_615, {:u, 64})

@@ -134,6 +134,7 @@ defmodule EXLA.NativeLogTest do
     assert bytes > 0
   end
 
+  @tag nx: :streams?
   test "a failing host callback is a warning with its site and error" do
     stream = EXLA.stream(fn x, acc -> {x, Nx.add(acc, x)} end, [0.0, 0.0])
     # The program expects an f32 (4 bytes) per chunk.

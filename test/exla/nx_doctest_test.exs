@@ -67,6 +67,10 @@ defmodule EXLA.NxDoctestTest.Setup do
     quote do
       use ExUnit.Case, async: true
 
+      # Nx 0.7.2's doctests (those of Nx 0.12 and 0.13 are in
+      # nx_line_doctest_test.exs).
+      @moduletag nx: :v0_7
+
       setup_all do
         Application.put_env(:exla, :add_backend_on_inspect, false)
         :ok

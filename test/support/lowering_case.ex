@@ -69,7 +69,9 @@ defmodule EXLA.LoweringCase do
     assert length(expected) == length(actual)
 
     [labels(result), expected, actual]
-    |> Enum.zip_with(fn [label, e, a] -> assert_tensor(e, a, Keyword.put(opts, :label, label)) end)
+    |> Enum.zip_with(fn [label, e, a] ->
+      assert_tensor(e, a, Keyword.put(opts, :label, label))
+    end)
 
     actual
   end

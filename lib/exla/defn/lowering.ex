@@ -10,12 +10,14 @@ defmodule EXLA.Defn.Lowering do
   # flattened outputs as a multi-result function. Predicates (`{:u, 8}` in Nx)
   # are `ui8` at the boundary; comparisons produce `i1` internally.
   #
-  # Ops with an `:optional` expression (linear algebra, cumulative ops,
-  # `top_k`, ...) are lowered through the default implementation expression
-  # Nx provides. Hooks attached to tokens are lowered by `lower_hook/2`: with
-  # the `:hooks` option, active hooks become host callbacks (see
-  # `EXLA.Defn.Lowering.HostCalls`), threaded in program order through `while`
-  # and `cond`.
+  # This module lowers the structure of a program (parameters, constants,
+  # `while`, `cond`); every other op is lowered by the family
+  # `EXLA.Defn.OpTable` names for it. Ops with a default implementation
+  # (`:optional` on Nx 0.7, `:block` on Nx 0.12 and later) are lowered by
+  # `EXLA.Defn.Lowering.Blocks`; hooks and runtime calls by
+  # `EXLA.Defn.Lowering.Hooks`: with the `:hooks` option, active hooks
+  # become host callbacks (see `EXLA.Defn.Lowering.HostCalls`), threaded in
+  # program order through `while` and `cond`.
   #
   # A `cond` with one predicate becomes a `stablehlo.if`; with more, one flat
   # `stablehlo.case` whose branch is that of the first true predicate (all
@@ -33,9 +35,7 @@ defmodule EXLA.Defn.Lowering do
   # on the host `qr` (a Householder QR, `EXLA.Defn.Lowering.QR`) computes
   # f32 in f64 (the `:qr_in_f64` option, which the caller takes from
   # `EXLA.Platform.qr_in_f64?/1`). `EXLA.Backend`'s eager ops are lowered
-  # here too, so they are the ops jit emits. `qr` and `lu`
-  # (`EXLA.Defn.Lowering.LU`) have their own lowerings; other optional ops
-  # lower Nx's default expression.
+  # here too, so they are the ops jit emits.
   #
   # Where compiled code differs from Nx.BinaryBackend, users read it in the
   # README ("Where results differ from Nx.BinaryBackend"): a lowering change
@@ -82,6 +82,9 @@ defmodule EXLA.Defn.Lowering do
 
     * `:qr_in_f64` - whether `qr` computes f32 in f64
       (`EXLA.Platform.qr_in_f64?/1`). Defaults to `false`
+
+    * `:client` - the `EXLA.Client` the program is for, which
+      `EXLA.CustomCall.call/4` receives. Defaults to `nil`
 
     * `:donate` - positions of the inputs whose buffers the program may
       reuse for its outputs: each parameter among them is aliased to an
@@ -154,15 +157,16 @@ defmodule EXLA.Defn.Lowering do
   end
 
   @doc """
-  The options of `to_mlir/3` that `client` decides: `:max_tensor_bytes`
-  and `:qr_in_f64`. Every lowering for a client (jit, `EXLA.Backend`,
+  The options of `to_mlir/3` that `client` decides: `:max_tensor_bytes`,
+  `:qr_in_f64` and `:client`. Every lowering for a client (jit, `EXLA.Backend`,
   streams, `EXLA.shard_jit/3`) takes them from here, so that they all emit
   the same program for the same expression.
   """
   def client_options(%EXLA.Client{} = client) do
     [
       max_tensor_bytes: EXLA.Client.max_tensor_bytes(client),
-      qr_in_f64: EXLA.Platform.qr_in_f64?(client.platform)
+      qr_in_f64: EXLA.Platform.qr_in_f64?(client.platform),
+      client: client
     ]
   end
 
@@ -180,6 +184,7 @@ defmodule EXLA.Defn.Lowering do
         lazy_inputs: false,
         max_tensor_bytes: EXLA.Client.address_space_bytes(),
         qr_in_f64: false,
+        client: nil,
         donate: [],
         arg_attrs: [],
         result_attrs: [],
@@ -204,7 +209,8 @@ defmodule EXLA.Defn.Lowering do
       hook_sites: [],
       lazy: nil,
       max_tensor_bytes: opts[:max_tensor_bytes],
-      qr_in_f64: opts[:qr_in_f64]
+      qr_in_f64: opts[:qr_in_f64],
+      client: opts[:client]
     }
   end
 
@@ -274,8 +280,9 @@ defmodule EXLA.Defn.Lowering do
     {res, %{b | assigns: %{saved | used: b.assigns.used, hook_sites: b.assigns.hook_sites}}}
   end
 
+  @doc false
   # Runs `fun` in an isolated scope with its own parameters.
-  defp isolated_scope(b, params, fun) do
+  def isolated_scope(b, params, fun) do
     saved = b.assigns
     b = assign(b, cache: %{}, shared: %{}, params: List.to_tuple(params), top: false)
     {res, b} = fun.(b)
@@ -520,7 +527,7 @@ defmodule EXLA.Defn.Lowering do
       {zero, b} = const(b, type, 0)
       broadcast(b, zero, dims)
     else
-      Ops.constant_binary(b, type, dims, Nx.to_binary(tensor))
+      Ops.constant_binary(b, type, dims, EXLA.Shape.to_device(Nx.to_binary(tensor), type))
     end
   end
 
@@ -536,53 +543,8 @@ defmodule EXLA.Defn.Lowering do
     {Enum.fetch!(values, i), b}
   end
 
-  defp lower_op(:token, %T{data: %Expr{args: [token]}}, b) do
-    b = token.hooks |> Enum.reverse() |> Enum.reduce(b, &lower_hook(&1, &2))
-    {{:tuple, []}, b}
-  end
-
-  defp lower_op(:attach_token, %T{data: %Expr{args: [token, expr]}}, b) do
-    {_, b} = lower(token, b)
-    lower(expr, b)
-  end
-
   defp lower_op(:fun, _t, _b) do
     raise ArgumentError, "anonymous functions can only be lowered as arguments of other ops"
-  end
-
-  # QR has its own Householder lowering (see EXLA.Defn.Lowering.QR) instead
-  # of Nx's default expression, which reconstructs Q . R less accurately.
-  defp lower_op(
-         :optional,
-         %T{data: %Expr{args: [%{data: %Expr{op: :qr, args: [tensor, opts]}}, default, _]}},
-         b
-       ) do
-    {x, b} = lower_value(tensor, b)
-    template = Nx.template(dims(tensor), tensor.type)
-    expr = EXLA.Defn.Lowering.QR.expr(template, opts, b.assigns.qr_in_f64)
-    {values, b} = isolated_scope(b, [x], &lower_container(expr, &1))
-
-    {values, b} =
-      Enum.zip(values, Tuple.to_list(default))
-      |> Enum.map_reduce(b, fn {v, t}, b -> Ops.convert(b, v, t.type) end)
-
-    {{:tuple, values}, b}
-  end
-
-  defp lower_op(:optional, %T{data: %Expr{args: [call, default, _callback]}}, b) do
-    {tensors, _opts} = Enum.split_while(call.data.args, &(not is_list(&1)))
-    {args, b} = Enum.map_reduce(tensors, b, &lower_value/2)
-
-    isolated_scope(b, args, fn b ->
-      case default do
-        %T{} ->
-          lower(default, b)
-
-        container ->
-          {values, b} = lower_container(container, b)
-          {{:tuple, values}, b}
-      end
-    end)
   end
 
   defp lower_op(:while, %T{data: %Expr{args: [initial, _arg, condition, block]}}, b) do
@@ -626,41 +588,11 @@ defmodule EXLA.Defn.Lowering do
     end
   end
 
-  defp lower_op(:lu, %T{data: %Expr{args: [{p, l, u}, tensor, _opts]}}, b) do
-    {x, b} = lower_value(tensor, b)
-    expr = EXLA.Defn.Lowering.LU.expr(Nx.template(dims(tensor), tensor.type))
-    {values, b} = isolated_scope(b, [x], &lower_container(expr, &1))
-
-    {values, b} =
-      Enum.zip(values, [p, l, u])
-      |> Enum.map_reduce(b, fn {v, t}, b -> Ops.convert(b, v, t.type) end)
-
-    {{:tuple, values}, b}
-  end
-
-  @families [
-    EXLA.Defn.Lowering.ElementWise,
-    EXLA.Defn.Lowering.Structure,
-    EXLA.Defn.Lowering.Reduction,
-    EXLA.Defn.Lowering.LinAlg
-  ]
-
+  # Every other op is lowered by the family EXLA.Defn.OpTable names.
   defp lower_op(op, t, b) do
-    case Enum.find(@families, &(op in &1.ops())) do
+    case EXLA.Defn.OpTable.family(op) do
       nil -> raise ArgumentError, "EXLA cannot lower Nx.Defn.Expr op #{inspect(op)}"
       family -> family.lower(op, t, b)
-    end
-  end
-
-  @doc false
-  # Hooks: active ones become host callbacks when the program has a chain;
-  # otherwise the hooked value is lowered and dropped (XLA eliminates it).
-  def lower_hook(%{expr: expr, name: name} = hook, b) do
-    {values, b} = lower_container(expr, b)
-
-    case HostCalls.hook_function(hook, b) do
-      nil -> b
-      fun -> HostCalls.emit_hook(b, name, fun, expr, values)
     end
   end
 

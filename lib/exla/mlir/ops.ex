@@ -34,13 +34,26 @@ defmodule EXLA.MLIR.Ops do
     "dense<#{if value in [0, false], do: "false", else: "true"}> : #{Type.to_string(type)}"
   end
 
-  defp splat_literal({kind, _}, value, type) when kind in [:s, :u] and is_integer(value) do
-    "dense<#{value}> : #{Type.to_string(type)}"
+  # An integer is written as the type holds it: Nx 0.9 and later type
+  # integer constants s32 whatever their size, and wrap them as s32 does
+  # (as Nx.BinaryBackend does).
+  defp splat_literal({kind, size}, value, type) when kind in [:s, :u] and is_integer(value) do
+    "dense<#{wrap(kind, size, value)}> : #{Type.to_string(type)}"
   end
 
   defp splat_literal(elem, value, type) do
     binary = Nx.to_binary(Nx.tensor(value, type: elem, backend: Nx.BinaryBackend))
     ~s(dense<"0x#{Base.encode16(binary)}"> : #{Type.to_string(type)})
+  end
+
+  defp wrap(:s, size, value) do
+    <<wrapped::signed-size(size)>> = <<value::size(size)>>
+    wrapped
+  end
+
+  defp wrap(:u, size, value) do
+    <<wrapped::size(size)>> = <<value::size(size)>>
+    wrapped
   end
 
   @doc "`stablehlo.iota` of `type` along `dim`."
@@ -273,8 +286,8 @@ defmodule EXLA.MLIR.Ops do
   end
 
   @doc "`stablehlo.fft` of `kind` (FFT, IFFT) over the trailing `lengths`."
-  def fft(b, %Value{type: type} = x, kind, lengths) do
-    op1(b, "stablehlo.fft", [x], type,
+  def fft(b, %Value{type: type} = x, kind, lengths, result_type \\ nil) do
+    op1(b, "stablehlo.fft", [x], result_type || type,
       attrs: [fft_type: "#stablehlo<fft_type #{kind}>", fft_length: i64_array(lengths)]
     )
   end

@@ -26,6 +26,14 @@ defmodule EXLA.MLIR.Type do
               for(size <- [8, 16, 32, 64], do: {{:u, size}, "ui#{size}"}) ++
               [{{:c, 64}, "complex<f32>"}, {{:c, 128}, "complex<f64>"}]
 
+  # Types of Nx 0.9 and later.
+  if EXLA.NxVersion.small_types?() do
+    @elements @elements ++
+                [{{:f8_e4m3fn, 8}, "f8E4M3FN"}] ++
+                for(size <- [2, 4], do: {{:s, size}, "i#{size}"}) ++
+                for(size <- [2, 4], do: {{:u, size}, "ui#{size}"})
+  end
+
   @doc "Renders an element type, e.g. `f32`, `ui8`, `complex<f64>`, `i1`."
   @spec element(element) :: String.t()
   for {element, text} <- @elements do
@@ -39,7 +47,7 @@ defmodule EXLA.MLIR.Type do
       {:ok, {:c, 64}}
       iex> EXLA.MLIR.Type.parse_element("i1")
       {:ok, :pred}
-      iex> EXLA.MLIR.Type.parse_element("f8E4M3FN")
+      iex> EXLA.MLIR.Type.parse_element("f8E4M3B11FNUZ")
       :error
   """
   @spec parse_element(String.t()) :: {:ok, element} | :error

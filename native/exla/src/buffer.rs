@@ -160,6 +160,39 @@ fn buffer_read_dirty<'a>(
     Ok(out.release(env))
 }
 
+/// The address of the buffer's data in host memory (waiting for it to be
+/// computed), or `nil` for a buffer on a device.
+#[rustler::nif(schedule = "DirtyIo")]
+fn buffer_host_address(buffer: ResourceArc<BufferResource>) -> NifResult<Option<u64>> {
+    Ok(buffer.handle.host_address()?.map(|address| address as u64))
+}
+
+/// A new buffer with a copy of the `shape`'s bytes at `address` in this
+/// process's memory (`Nx.from_pointer/5`), which the caller vouches for.
+#[rustler::nif(schedule = "DirtyIo")]
+fn buffer_from_address(
+    client: ResourceArc<ClientResource>,
+    address: u64,
+    type_code: i32,
+    dims: Vec<i64>,
+    device: usize,
+) -> NifResult<ResourceArc<BufferResource>> {
+    let shape = shape(type_code, dims)?;
+    let size = shape.byte_size()?;
+    if address == 0 && size > 0 {
+        return Err(Error::argument("the pointer's address is null"));
+    }
+    // SAFETY: the caller (Nx.from_pointer/5) gives the address of `size`
+    // readable bytes of this process, alive for this copy.
+    let data = if size == 0 {
+        &[][..]
+    } else {
+        unsafe { std::slice::from_raw_parts(address as usize as *const u8, size) }
+    };
+    let buffer = client.handle.buffer_from_host(data, &shape, device)?;
+    Ok(BufferResource::new(buffer, &client.ledger))
+}
+
 fn deleted(freed: bool) -> Atom {
     if freed {
         atoms::ok()

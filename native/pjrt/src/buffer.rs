@@ -178,6 +178,22 @@ impl Buffer {
         Ok(args.is_on_cpu)
     }
 
+    /// The address of the data of a buffer that lives in host memory, once
+    /// it is computed, or `None` for a buffer on a device. The address is
+    /// valid while the buffer is neither deleted nor donated.
+    pub fn host_address(&self) -> Result<Option<usize>> {
+        self.ensure_live()?;
+        self.wait()?;
+        if !self.is_on_cpu()? {
+            return Ok(None);
+        }
+        let mut ptr = new_args!(ffi::PJRT_Buffer_UnsafePointer_Args, buffer_pointer);
+        ptr.buffer = self.raw;
+        call!(self.client.plugin(), PJRT_Buffer_UnsafePointer, &mut ptr)
+            .map_err(|e| self.explain(e))?;
+        Ok(Some(ptr.buffer_pointer as usize))
+    }
+
     /// Copies the first `dst.len()` bytes of a ready buffer that lives in host
     /// memory, without a transfer. Returns false (copying nothing) when the
     /// buffer is not ready or not in host memory.

@@ -21,13 +21,20 @@ pub enum ElementType {
     Bf16 = 13,
     C64 = 14,
     C128 = 15,
+    F8E5M2 = 16,
+    F8E4M3FN = 17,
+    S4 = 21,
+    U4 = 22,
+    S2 = 24,
+    U2 = 25,
 }
 
 impl ElementType {
     pub fn from_code(code: i32) -> Result<ElementType> {
         use ElementType::*;
-        const ALL: [ElementType; 15] = [
-            Pred, S8, S16, S32, S64, U8, U16, U32, U64, F16, F32, F64, Bf16, C64, C128,
+        const ALL: [ElementType; 21] = [
+            Pred, S8, S16, S32, S64, U8, U16, U32, U64, F16, F32, F64, Bf16, C64, C128, F8E5M2,
+            F8E4M3FN, S4, U4, S2, U2,
         ];
         ALL.iter()
             .copied()
@@ -42,7 +49,10 @@ impl ElementType {
     pub fn byte_size(self) -> usize {
         use ElementType::*;
         match self {
-            Pred | S8 | U8 => 1,
+            Pred | S8 | U8 | F8E5M2 | F8E4M3FN => 1,
+            // Host buffers of sub-byte types hold one element per byte:
+            // plugins pack them on the device themselves.
+            S4 | U4 | S2 | U2 => 1,
             S16 | U16 | F16 | Bf16 => 2,
             S32 | U32 | F32 => 4,
             S64 | U64 | F64 | C64 => 8,

@@ -275,6 +275,7 @@ defmodule EXLA.Lowering.ReductionTest do
     assert_same(fun, [x])
   end
 
+  @tag nx: :maps?
   test "map" do
     x = Nx.tensor([1.0, 2.0, 3.0])
     assert_same(fn x -> Nx.map(x, fn y -> Nx.add(Nx.multiply(y, y), 1) end) end, [x])

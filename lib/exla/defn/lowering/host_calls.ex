@@ -14,7 +14,8 @@ defmodule EXLA.Defn.Lowering.HostCalls do
   # by the previous one, and `while` and `cond` carry it through their
   # results, so calls run in program order, also inside loops and branches.
   # Each site is recorded with a payload (`{:hook, name, fun, template}`,
-  # `{:input, index}`, `:recv`, `:send`) in the state's `:hook_sites`; see
+  # `{:runtime_call, fun, template, out, opts}`, `{:input, index}`,
+  # `:recv`, `:send`) in the state's `:hook_sites`; see
   # `EXLA.HostCallback` for what each one does at run time.
   #
   # ## Hooks
@@ -46,7 +47,8 @@ defmodule EXLA.Defn.Lowering.HostCalls do
   # it.
 
   alias EXLA.MLIR.{Builder, Ops}
-  alias Nx.Defn.Composite
+  alias Nx.Defn.{Composite, Expr}
+  alias Nx.Tensor, as: T
 
   @chain_type {{:u, 64}, {}}
   @flag_type {{:u, 8}, {}}
@@ -61,16 +63,46 @@ defmodule EXLA.Defn.Lowering.HostCalls do
   @doc "Continues the program from `chain`."
   def put_chain(b, chain), do: %{b | assigns: %{b.assigns | chain: chain}}
 
-  @doc "Whether `expr` has a hook that `hooks` or its own callback activates."
-  def active?(expr, hooks), do: Nx.Defn.Tree.has_hooks?(expr, hooks)
+  @doc """
+  Whether `expr` calls the host: it has a hook that `hooks` or its own
+  callback activates (on a token, or a `:hook` node of Nx 0.13), or a
+  runtime call (Nx 0.12 and later).
+  """
+  def active?(expr, hooks) do
+    Composite.reduce(expr, %{}, &detect(&1, &2, hooks))
+    false
+  catch
+    :throw, {__MODULE__, :active} -> true
+  end
+
+  defp detect(%T{data: %Expr{id: id} = expr} = t, seen, hooks) do
+    case seen do
+      %{^id => _} ->
+        seen
+
+      %{} ->
+        if calls_host?(expr, hooks), do: throw({__MODULE__, :active})
+        {_, seen} = Nx.Defn.Tree.apply_args(t, seen, &{&1, detect(&1, &2, hooks)})
+        Map.put(seen, id, true)
+    end
+  end
+
+  defp calls_host?(%Expr{op: :token, args: [token]}, hooks),
+    do: Enum.any?(token.hooks, &(hooks[&1.name] || &1.callback))
+
+  defp calls_host?(%Expr{op: :hook, args: [_expr, spec | _]}, hooks),
+    do: hook_spec_function(spec, hooks) != nil
+
+  defp calls_host?(%Expr{op: :runtime_call}, _hooks), do: true
+  defp calls_host?(%Expr{}, _hooks), do: false
 
   @doc """
-  The function a hook runs in a program with a chain, or `nil` when the
-  hook is inactive there.
+  The function of a `:hook` node's callback spec (Nx 0.13), given the
+  `:hooks` option, or `nil` when the hook is inactive.
   """
-  def hook_function(%{name: name, callback: callback}, b) do
-    if b.assigns.chain, do: b.assigns.hooks[name] || callback
-  end
+  def hook_spec_function({:named, name, fun}, hooks), do: hooks[name] || fun
+  def hook_spec_function({:fn, fun}, _hooks), do: fun
+  def hook_spec_function({:token_hook, _expr, inner}, hooks), do: hook_spec_function(inner, hooks)
 
   @doc """
   Emits a host-callback custom call with `values` at a new site, recording

@@ -43,32 +43,9 @@ defmodule EXLA.Defn.Lowering.LinAlg do
   def lower(op, %T{data: %Expr{args: [x, opts]}} = t, b) when op in [:fft, :ifft] do
     {x, b} = lower_as(x, t.type, b)
     {_, in_dims} = x.type
-    rank = tuple_size(in_dims)
-    axis = opts[:axis] || rank - 1
+    axis = opts[:axis] || tuple_size(in_dims) - 1
     n = opts[:length] || elem(in_dims, axis)
-    last = rank - 1
-    perm = Enum.to_list(0..last) |> List.replace_at(axis, last) |> List.replace_at(last, axis)
-    {x, b} = if axis == last, do: {x, b}, else: Ops.transpose(b, x, perm)
-    {_, dims} = x.type
-    size = elem(dims, last)
-
-    {x, b} =
-      cond do
-        size < n ->
-          {zero, b} = const(b, t.type, 0)
-          zeros = List.duplicate(0, rank)
-          Ops.pad(b, x, zero, zeros, List.replace_at(zeros, last, n - size), zeros)
-
-        size > n ->
-          limits = dims |> put_elem(last, n) |> Tuple.to_list()
-          Ops.slice(b, x, List.duplicate(0, rank), limits, List.duplicate(1, rank))
-
-        true ->
-          {x, b}
-      end
-
-    {x, b} = Ops.fft(b, x, if(op == :fft, do: "FFT", else: "IFFT"), [n])
-    if axis == last, do: {x, b}, else: Ops.transpose(b, x, perm)
+    fft_along(b, x, if(op == :fft, do: "FFT", else: "IFFT"), axis, n, t.type)
   end
 
   def lower(:triangular_solve, %T{data: %Expr{args: [a, x, opts]}} = t, b) do
@@ -122,5 +99,40 @@ defmodule EXLA.Defn.Lowering.LinAlg do
 
       List.replace_at(acc, pos, letter)
     end)
+  end
+
+  @doc false
+  # A stablehlo.fft of `kind` ("FFT", "IFFT", "RFFT") along `axis` of `x`,
+  # which is first cut or padded with zeros to `n` elements along it; the
+  # result has the element type `elem` (complex for RFFT, of n/2+1 elements
+  # along the axis).
+  def fft_along(b, x, kind, axis, n, elem) do
+    {x_elem, in_dims} = x.type
+    rank = tuple_size(in_dims)
+    last = rank - 1
+    perm = Enum.to_list(0..last) |> List.replace_at(axis, last) |> List.replace_at(last, axis)
+    {x, b} = if axis == last, do: {x, b}, else: Ops.transpose(b, x, perm)
+    {_, dims} = x.type
+    size = elem(dims, last)
+
+    {x, b} =
+      cond do
+        size < n ->
+          {zero, b} = const(b, x_elem, 0)
+          zeros = List.duplicate(0, rank)
+          Ops.pad(b, x, zero, zeros, List.replace_at(zeros, last, n - size), zeros)
+
+        size > n ->
+          limits = dims |> put_elem(last, n) |> Tuple.to_list()
+          Ops.slice(b, x, List.duplicate(0, rank), limits, List.duplicate(1, rank))
+
+        true ->
+          {x, b}
+      end
+
+    {_, dims} = x.type
+    out_dims = if kind == "RFFT", do: put_elem(dims, last, div(n, 2) + 1), else: dims
+    {x, b} = Ops.fft(b, x, kind, [n], {elem, out_dims})
+    if axis == last, do: {x, b}, else: Ops.transpose(b, x, perm)
   end
 end

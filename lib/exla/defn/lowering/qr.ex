@@ -107,7 +107,10 @@ defmodule EXLA.Defn.Lowering.QR do
         {:f, 64} -> {{:s, 64}, 0x7FF0000000000000}
       end
 
-    scale = top |> Nx.bitcast(bits) |> Nx.bitwise_and(exponent) |> Nx.bitcast(Nx.type(top))
+    # The mask is a tensor of its own type: Nx 0.9 and later type an
+    # integer constant s32.
+    mask = Nx.tensor(exponent, type: bits, backend: Nx.BinaryBackend)
+    scale = top |> Nx.bitcast(bits) |> Nx.bitwise_and(mask) |> Nx.bitcast(Nx.type(top))
     Nx.select(Nx.equal(scale, 0), 1, scale)
   end
 

@@ -24,7 +24,8 @@ defmodule EXLA.Defn.Lowering.Reduction do
   @ops Map.keys(@aggregates) ++
          Map.keys(@windows) ++
          [:all, :any, :argmax, :argmin, :reduce, :window_reduce] ++
-         [:window_scatter_max, :window_scatter_min, :sort, :argsort, :map]
+         [:window_scatter_max, :window_scatter_min, :sort, :argsort] ++
+         if(EXLA.NxVersion.maps?(), do: [:map], else: [])
 
   def ops, do: @ops
 

@@ -7,8 +7,11 @@ defmodule EXLA.Defn.Lowering.Structure do
   alias Nx.Tensor, as: T
   import EXLA.Defn.Lowering
 
+  # take and take_along_axis are ops of Nx 0.7; later lines have blocks for
+  # them (lowered here too, see EXLA.Defn.Lowering.Blocks) and :stack.
   @ops [:reshape, :squeeze, :broadcast, :transpose, :pad, :reverse, :slice, :put_slice] ++
-         [:concatenate, :gather, :take, :take_along_axis, :indexed_add, :indexed_put]
+         [:concatenate, :gather, :indexed_add, :indexed_put] ++
+         if(EXLA.NxVersion.blocks?(), do: [:stack], else: [:take, :take_along_axis])
 
   def ops, do: @ops
 
@@ -77,6 +80,20 @@ defmodule EXLA.Defn.Lowering.Structure do
 
   def lower(:concatenate, %T{data: %Expr{args: [tensors, axis]}} = t, b) do
     {xs, b} = Enum.map_reduce(tensors, b, &lower_as(&1, t.type, &2))
+    Ops.concatenate(b, xs, axis)
+  end
+
+  # Each tensor gets the new axis (of size 1), then they are concatenated.
+  def lower(:stack, %T{data: %Expr{args: [tensors, axis]}} = t, b) do
+    axis = axis + tuple_size(dims(t)) - tuple_size(t.shape)
+
+    {xs, b} =
+      Enum.map_reduce(tensors, b, fn tensor, b ->
+        {x, b} = lower_as(tensor, t.type, b)
+        {_, x_dims} = x.type
+        Ops.reshape(b, x, Tuple.insert_at(x_dims, axis, 1))
+      end)
+
     Ops.concatenate(b, xs, axis)
   end
 

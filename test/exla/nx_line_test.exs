@@ -1,0 +1,258 @@
+defmodule EXLA.NxLineTest do
+  # What Nx 0.12 and 0.13 add for a backend and a compiler: blocks (EXLA's
+  # native lowerings, EXLA.CustomCall, the default for other structs),
+  # stack, runtime calls, hooks without tokens (0.13), the new types and
+  # Nx.Defn.shard_jit/3. Results are checked against Nx.BinaryBackend and
+  # Nx.Defn.Evaluator.
+  use ExUnit.Case, async: true
+
+  @moduletag nx: :blocks?
+
+  # Nx 0.7 has none of these structs and functions.
+  if EXLA.NxVersion.blocks?() do
+    defp evaluator(fun, args), do: Nx.Defn.jit_apply(fun, args, compiler: Nx.Defn.Evaluator)
+    defp exla(fun, args), do: EXLA.jit_apply(fun, args)
+
+    defp close!(a, b, tol \\ 1.0e-5) do
+      for {x, y} <- Enum.zip(List.wrap(flat(a)), List.wrap(flat(b))) do
+        assert x.type == y.type and x.shape == y.shape
+        x = Nx.backend_copy(x, Nx.BinaryBackend)
+
+        assert Nx.to_number(Nx.all_close(x, y, atol: tol, rtol: tol)) == 1,
+               "#{inspect(x)} #{inspect(y)}"
+      end
+    end
+
+    defp flat(t) when is_tuple(t), do: Tuple.to_list(t)
+    defp flat(t), do: t
+
+    describe "blocks EXLA lowers natively" do
+      test "take, take_along_axis and top_k, in jit and eagerly" do
+        t = Nx.iota({3, 4}, type: :f32)
+        i = Nx.tensor([2, 0])
+        j = Nx.tensor([[3, 0], [1, 1], [0, 2]])
+
+        fun = fn t, i, j ->
+          {Nx.take(t, i, axis: 1), Nx.take_along_axis(t, j, axis: 1), Nx.top_k(t, k: 2)}
+        end
+
+        {a, b, {v, ix}} = exla(fun, [t, i, j])
+        {ea, eb, {ev, eix}} = evaluator(fun, [t, i, j])
+        close!({a, b, v}, {ea, eb, ev})
+        assert Nx.to_flat_list(ix) == Nx.to_flat_list(eix)
+        assert ix.type == {:s, 32}
+
+        eager = Nx.take(Nx.backend_copy(t, EXLA.Backend), i, axis: 1)
+        assert %EXLA.Backend{} = eager.data
+        close!(eager, ea)
+      end
+
+      test "top_k keeps the first of equal elements first" do
+        t = Nx.tensor([1.0, 3.0, 3.0, 2.0, 3.0])
+        {v, i} = exla(&Nx.top_k(&1, k: 3), [t])
+        assert Nx.to_flat_list(v) == [3.0, 3.0, 3.0]
+        assert Nx.to_flat_list(i) == [1, 2, 4]
+      end
+
+      test "qr and lu, in jit and eagerly" do
+        a = Nx.tensor([[4.0, 1.0, 2.0], [1.0, 3.0, 0.5], [2.0, 0.5, 5.0]])
+        {q, r} = exla(&Nx.LinAlg.qr/1, [a])
+
+        close!(
+          Nx.dot(Nx.backend_copy(q, Nx.BinaryBackend), Nx.backend_copy(r, Nx.BinaryBackend)),
+          a
+        )
+
+        {p, l, u} = Nx.LinAlg.lu(Nx.backend_copy(a, EXLA.Backend))
+        [p, l, u] = Enum.map([p, l, u], &Nx.backend_copy(&1, Nx.BinaryBackend))
+        close!(Nx.dot(p, Nx.dot(l, u)), a)
+      end
+
+      test "rfft is one real-input FFT, as Nx's default" do
+        t = Nx.tensor([[1.0, 2.0, 0.5, -1.0, 3.0], [0.0, 1.0, 0.0, 1.0, 0.0]])
+
+        for opts <- [[], [length: 4], [length: 8], [axis: 0]] do
+          close!(exla(&Nx.rfft(&1, opts), [t]), evaluator(&Nx.rfft(&1, opts), [t]), 1.0e-5)
+        end
+
+        assert exla(&Nx.LinAlg.qr/1, [Nx.eye(2)]) |> elem(0) |> Nx.type() == {:f, 32}
+        assert EXLA.to_mlir_module(&Nx.rfft/1, [t]).mlir_module =~ "RFFT"
+      end
+    end
+
+    describe "other blocks" do
+      defmodule Twice do
+        defstruct [:factor]
+      end
+
+      test "a struct without an EXLA.CustomCall implementation runs its default" do
+        block = fn t ->
+          Nx.block(%Twice{factor: 2}, [t], t, fn s, t -> Nx.multiply(t, s.factor) end)
+        end
+
+        t = Nx.tensor([1.0, 2.0])
+        assert Nx.to_flat_list(exla(block, [t])) == [2.0, 4.0]
+        assert Nx.to_flat_list(block.(Nx.backend_copy(t, EXLA.Backend))) == [2.0, 4.0]
+        assert EXLA.CustomCall.call(%Twice{}, t, [t], nil) == :skip
+      end
+
+      test "Nx's other blocks give the evaluator's results" do
+        t = Nx.tensor([[1.0, -2.0, 3.0], [4.0, 5.0, -6.0]])
+
+        fun = fn t ->
+          {Nx.cumulative_sum(t, axis: 1), Nx.cumulative_max(t, reverse: true), Nx.all_close(t, t),
+           Nx.logical_not(t), Nx.fft2(t), Nx.irfft(Nx.rfft(t), length: 3)}
+        end
+
+        close!(exla(fun, [t]), evaluator(fun, [t]), 1.0e-4)
+      end
+    end
+
+    test "stack, in jit and eagerly" do
+      a = Nx.tensor([1, 2, 3])
+      b = Nx.tensor([4, 5, 6])
+      expected = Nx.stack([a, b], axis: 1)
+      assert exla(&Nx.stack([&1, &2], axis: 1), [a, b]) |> Nx.backend_copy() == expected
+
+      eager =
+        Nx.stack([Nx.backend_copy(a, EXLA.Backend), Nx.backend_copy(b, EXLA.Backend)], axis: 1)
+
+      assert %EXLA.Backend{} = eager.data
+      assert Nx.backend_copy(eager) == expected
+    end
+
+    describe "runtime calls" do
+      def tenfold(t, opts), do: Nx.multiply(t, opts[:by])
+
+      test "run their function on the host and go on with its result" do
+        fun = fn x ->
+          y = Nx.runtime_call(x, Nx.add(x, 1), [by: 10], &__MODULE__.tenfold/2)
+          Nx.subtract(y, 1)
+        end
+
+        assert Nx.to_flat_list(exla(fun, [Nx.tensor([1.0, 2.0])])) == [19.0, 29.0]
+      end
+
+      test "a result that does not match the template raises" do
+        fun = fn x -> Nx.runtime_call(x, x, [], fn t, _ -> Nx.as_type(t, :f64) end) end
+
+        assert_raise ArgumentError, ~r/Nx.runtime_call\/4 expected/, fn ->
+          exla(fun, [Nx.tensor([1.0])])
+        end
+      end
+    end
+
+    @tag nx: :hook_nodes?
+    test "hooks run when their value is used, with the :hooks option too" do
+      parent = self()
+
+      fun = fn x ->
+        y = Nx.Defn.Kernel.hook(Nx.add(x, 1), :plus, &send(parent, {:plus, &1}))
+        Nx.multiply(y, 2)
+      end
+
+      assert Nx.to_flat_list(exla(fun, [Nx.tensor([1.0])])) == [4.0]
+      assert_received {:plus, t}
+      assert Nx.to_flat_list(t) == [2.0]
+
+      EXLA.jit(fun, hooks: %{plus: &send(parent, {:other, &1})}).(Nx.tensor([2.0]))
+      assert_received {:other, t}
+      assert Nx.to_flat_list(t) == [3.0]
+    end
+
+    test "local pointers: a tensor's address, and a copy of the memory at one" do
+      t = Nx.tensor([1.0, 2.0, 3.0], backend: EXLA.Backend)
+      pointer = Nx.to_pointer(t)
+      assert %Nx.Pointer{kind: :local, data_size: 12} = pointer
+      assert is_integer(pointer.address) and pointer.address > 0
+
+      copy = Nx.from_pointer(EXLA.Backend, pointer, :f32, {3}, names: [:x])
+      assert %EXLA.Backend{} = copy.data
+      assert copy.names == [:x]
+      assert Nx.to_flat_list(copy) == [1.0, 2.0, 3.0]
+
+      assert_raise ArgumentError, ~r/only :local pointers/, fn -> Nx.to_pointer(t, mode: :ipc) end
+
+      assert_raise ArgumentError, ~r/holds 12 bytes/, fn ->
+        Nx.from_pointer(EXLA.Backend, pointer, :f64, {3})
+      end
+    end
+
+    test "integers are s32 by default" do
+      assert EXLA.NxVersion.default_integer() == {:s, 32}
+      assert Nx.type(exla(&Nx.argmax/1, [Nx.tensor([1.0, 3.0, 2.0])])) == {:s, 32}
+      assert Nx.type(Nx.iota({3}, backend: EXLA.Backend)) == {:s, 32}
+    end
+
+    describe "new types" do
+      test "sub-byte integers round-trip packed and compute per element" do
+        for type <- [:s2, :s4, :u2, :u4] do
+          values = if elem(Nx.Type.normalize!(type), 0) == :s, do: [-1, 0, 1], else: [0, 1, 2]
+          t = Nx.tensor(values, type: type, backend: EXLA.Backend)
+          assert Nx.to_flat_list(t) == values
+          assert Nx.to_binary(t) == Nx.to_binary(Nx.tensor(values, type: type))
+          assert Nx.to_flat_list(Nx.as_type(t, :s32)) == values
+
+          assert Nx.to_flat_list(exla(&Nx.add(&1, &1), [Nx.tensor(values, type: type)])) ==
+                   Nx.to_flat_list(
+                     Nx.add(Nx.tensor(values, type: type), Nx.tensor(values, type: type))
+                   )
+        end
+      end
+
+      test "f8 types round-trip and convert" do
+        for type <- [:f8, :f8_e4m3fn] do
+          t = Nx.tensor([1.0, -2.0, 0.5], type: type, backend: EXLA.Backend)
+          assert Nx.to_flat_list(t) == [1.0, -2.0, 0.5]
+          assert Nx.to_flat_list(Nx.as_type(t, :f32)) == [1.0, -2.0, 0.5]
+
+          assert exla(&Nx.multiply(&1, 2), [Nx.tensor([1.0, 0.5], type: type)])
+                 |> Nx.backend_copy()
+                 |> Nx.to_flat_list() == [2.0, 1.0]
+        end
+      end
+    end
+
+    describe "Nx.Defn.shard_jit/3" do
+      setup do
+        EXLA.TestClients.add(:nx_line_two, platform: :host, device_count: 2)
+        :ok
+      end
+
+      # Each partition's result is the whole result: XLA's partitioner is not
+      # asked to spread the results (upstream EXLA gives each its part).
+      test "takes each partition's part and returns each partition's result" do
+        mesh = %Nx.Mesh{name: "mesh", shape: {2}}
+        opts = [input_shardings: [%{0 => [0]}, %{}], client: :nx_line_two]
+        fun = EXLA.shard_jit(&Nx.add/2, mesh, opts)
+        [r0, r1] = fun.([[Nx.tensor([1, 2]), Nx.tensor(10)], [Nx.tensor([3, 4]), Nx.tensor(10)]])
+        assert Nx.to_flat_list(r0) == [11, 12, 13, 14]
+        assert Nx.to_flat_list(r1) == [11, 12, 13, 14]
+        assert r1.data.buffer.device_id == 1
+
+        sum =
+          EXLA.shard_jit(&Nx.sum/1, mesh, input_shardings: [%{0 => [0]}], client: :nx_line_two)
+
+        assert Enum.map(sum.([[Nx.tensor([1, 2])], [Nx.tensor([3, 4])]]), &Nx.to_number/1) == [
+                 10,
+                 10
+               ]
+      end
+
+      test "input_shardings are required, one per input" do
+        mesh = %Nx.Mesh{name: "mesh", shape: {2}}
+
+        assert_raise ArgumentError, ~r/input_shardings are required/, fn ->
+          EXLA.shard_jit(&Nx.negate/1, mesh, client: :nx_line_two).([[1], [2]])
+        end
+
+        assert_raise ArgumentError, ~r/expected 1 input sharding/, fn ->
+          EXLA.shard_jit(&Nx.negate/1, mesh, input_shardings: [], client: :nx_line_two).([
+            [1],
+            [2]
+          ])
+        end
+      end
+    end
+  end
+end
