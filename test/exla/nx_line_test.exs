@@ -96,6 +96,22 @@ defmodule EXLA.NxLineTest do
         assert EXLA.CustomCall.call(%Twice{}, t, [t], nil) == :skip
       end
 
+      test "an EXLA.CustomCall implementation gets a custom call, or the default on :skip" do
+        block = fn x, target ->
+          Nx.block(%EXLA.Test.CustomCallBlock{target: target}, [x], x, fn _, x -> Nx.negate(x) end)
+        end
+
+        x = Nx.tensor([1.0, 2.0])
+        %{mlir_module: mlir} = EXLA.to_mlir_module(&block.(&1, "my_target"), [x])
+        assert mlir =~ ~s(stablehlo.custom_call)
+        assert mlir =~ ~s(call_target_name = "my_target")
+        assert mlir =~ ~s(backend_config = {scale = 2 : i64})
+        # the operand is converted to the type the spec asks for
+        assert mlir =~ ~r/stablehlo.convert.*tensor<2xf64>/
+
+        assert Nx.to_flat_list(exla(&block.(&1, nil), [x])) == [-1.0, -2.0]
+      end
+
       test "Nx's other blocks give the evaluator's results" do
         t = Nx.tensor([[1.0, -2.0, 3.0], [4.0, 5.0, -6.0]])
 
