@@ -70,7 +70,12 @@ defmodule EXLA do
       nothing is kept, in memory or on disk. A path (a string) keeps the
       function in memory and its executable in that one file, which is
       read when it holds this very program and replaced otherwise (as
-      EXLA 0.9's `cache: path`).
+      EXLA 0.9's `cache: path`); with `debug: true` it logs, as EXLA does,
+      "EXLA disk cache found at PATH" or "EXLA disk cache not found at
+      PATH". EXLA checks that the file holds this very program (see
+      `EXLA.CompileCache`), so, unlike in EXLA, one path given to two
+      functions does not run the wrong program: each call of the other
+      replaces the file.
 
     * `:debug` - when `true`, logs (at the debug level) the time spent
       evaluating the expression, compiling it (with whether each was a cache
@@ -150,6 +155,25 @@ defmodule EXLA do
   and `EXLA_CACHE_MIN_COMPILE_TIME` (milliseconds). Within a VM, programs
   that lower to the same MLIR text share one executable.
 
+  ## Recompilation
+
+  The function is part of the key: an anonymous function that captures a
+  tensor is a new function whenever that tensor is another one, and is
+  compiled again although the shapes are the same. To be told when this
+  happens, set:
+
+      config :exla, :check_recompilation, 5
+
+    * `:check_recompilation` - a positive integer `n`, or `:infinity` (the
+      default, no check). EXLA then logs a warning, once, when it has
+      compiled a function `n` times with the same argument and result
+      types and shapes. Closures of the same code count as one function
+      when they capture the same values, tensors counting by type and
+      shape only. Only compilations count (calls served from the cache
+      do nothing more), and not those with `cache: false`, which compile on
+      every call by request. Another value raises `ArgumentError` at the
+      next compilation.
+
   ## Distribution
 
   Tensors and compiled functions may be sent to other nodes of a cluster
@@ -170,8 +194,8 @@ defmodule EXLA do
   ## Telemetry
 
   EXLA emits `[:exla, :compilation]` once per compilation, of a jitted
-  function or of an `EXLA.Backend` operation, with these measurements, all
-  in microseconds:
+  function or of an `EXLA.Backend` operation, exactly as EXLA does: the
+  measurements are, in microseconds,
 
     * `:eval_time` - building the expression (Nx's tracing of the
       function);
@@ -179,31 +203,50 @@ defmodule EXLA do
       MLIR, looking for the program in the compile cache on disk, and
       compiling it with XLA or loading it from there;
     * `:total_time` - their sum;
-    * `:lower_time` - of `:compile_time`, the lowering to MLIR;
-    * `:xla_compile_time` - of `:compile_time`, the PJRT plugin's compile
-      (its HLO passes and its code generation; 0 when the executable came
-      from the disk cache);
-    * `:cache_load_time` - of `:compile_time`, looking for the program in
-      the disk cache, and loading it when it is there;
-    * `:cache_write_time` - of `:compile_time`, serializing a new
-      executable and writing it to the disk cache (0 when it is not
-      written, see `EXLA.CompileCache`).
 
-  The first three are EXLA 0.7.2's. The plugin reports no timings of its
-  own through PJRT: its HLO passes and code generation per kernel can be
-  told apart in an XLA dump (`XLA_FLAGS=--xla_dump_to=DIR`, whose files are
-  written as each stage ends), as `bench/scholar_bench.exs` does with
-  `BENCH_DUMP=1`.
+  and the metadata is exactly `%{key: key}`, where `key` is the compiled
+  function (for `EXLA.Backend`, the operation's name, an atom).
 
-  The metadata is `%{key: key, kind: kind, disk_cache: status}`: `key` is
-  the compiled function (for `EXLA.Backend`, the operation's name), `kind`
-  is `:jit` (`jit/2`, `compile/3` and defn) or `:backend` (an eager
-  `EXLA.Backend` operation), and `status` tells where the executable came
-  from: `:hit` (loaded from the compile cache on disk), `:miss` (compiled
-  by XLA after looking on disk), `:off` (compiled, no disk cache for this
-  call) or `:memory` (the executable of a program with the same MLIR text,
-  compiled or loaded before in this VM, as happens for closures made anew
-  for each call; see `EXLA.CompileCache`).
+  What this EXLA knows beyond that comes with an event of its own,
+  `[:exla, :compilation, :details]`, emitted right after it for the same
+  compilation. Its measurements are the three above and the stages of
+  `:compile_time`, all in microseconds:
+
+    * `:lower_time` - the lowering to MLIR;
+    * `:xla_compile_time` - the PJRT plugin's compile (its HLO passes and
+      its code generation; 0 when the executable came from the disk cache);
+    * `:cache_load_time` - looking for the program in the disk cache, and
+      loading it when it is there;
+    * `:cache_write_time` - serializing a new executable and writing it to
+      the disk cache (0 when it is not written, see `EXLA.CompileCache`).
+
+  Its metadata is `%{key: key, kind: kind, disk_cache: status, client:
+  client}`: `key` as above, `kind` is `:jit` (`jit/2`, `compile/3`,
+  `stream/3`, `shard_jit/3` and defn) or `:backend` (an eager
+  `EXLA.Backend` operation), `client` the name of the client that
+  compiled it, and `status` tells where the executable came from: `:hit`
+  (loaded from the compile cache on disk, or from the file of `cache:
+  path`), `:miss` (compiled by XLA after looking on disk), `:off`
+  (compiled, no disk cache for this call) or `:memory` (the executable of
+  a program with the same MLIR text, compiled or loaded before in this
+  VM, as happens for closures made anew for each call; see
+  `EXLA.CompileCache`).
+
+      :telemetry.attach(
+        "log-slow-compiles",
+        [:exla, :compilation, :details],
+        fn _event, %{xla_compile_time: us}, %{key: key, disk_cache: cache}, _config ->
+          if us > 1_000_000, do: IO.puts("\#{inspect(key)}: \#{div(us, 1000)} ms (\#{cache})")
+        end,
+        nil
+      )
+
+  The plugin reports no timings of its own through PJRT: its HLO passes
+  and code generation per kernel can be told apart in an XLA dump
+  (`XLA_FLAGS=--xla_dump_to=DIR`, whose files are written as each stage
+  ends), as `bench/scholar_bench.exs` does with `BENCH_DUMP=1`.
+
+  Calls served from the cache emit nothing.
 
   With `lazy_transfers: :always`, EXLA emits `[:exla, :lazy_transfer]` each
   time a running program receives an input, with the measurement `:bytes`
@@ -454,23 +497,50 @@ defmodule EXLA do
   Returns the StableHLO module `function` compiles to for `args`, as a map
   of:
 
-    * `:mlir_module` - the module as text
-    * `:used_inputs` - the positions (in the flattened arguments) of the
-      inputs the computation reads
+    * `:mlir_module` - the module as text, which `EXLA.Executable.compile/3`
+      compiles
+    * `:used_inputs` - a `MapSet` of the positions (in the flattened
+      arguments) of the inputs the computation reads: the module's
+      parameters, in order
     * `:output_container` - the output, with template tensors
 
   `args` may be templates. Nothing is compiled by XLA or cached.
 
+  ## Options
+
+  The options of `jit/2` (those that shape the program, such as
+  `:precision` and `:client`, change the module), and:
+
+    * `:within_defn_compiler` - `true` when called while a `defn` function
+      is being compiled (from a compiler's callback, or a function that
+      `defn` traces): the function is lowered although another compilation
+      is under way, where Nx would otherwise raise. Defaults to `false`.
+
   ## Examples
 
-      iex> %{mlir_module: mlir} = EXLA.to_mlir_module(&Nx.add/2, [Nx.template({3}, {:f, 32}), Nx.template({3}, {:f, 32})])
+      iex> fun = fn x, y -> Nx.add(Nx.sin(x), y) end
+      iex> args = [Nx.template({3}, {:f, 32}), Nx.template({3}, {:f, 32})]
+      iex> %{mlir_module: mlir, used_inputs: used} = EXLA.to_mlir_module(fun, args)
       iex> mlir =~ "func.func public @main"
       true
+      iex> mlir =~ "stablehlo.sine"
+      true
+      iex> used
+      MapSet.new([0, 1])
 
   """
   def to_mlir_module(function, args, options \\ [])
       when is_function(function) and is_list(args) and is_list(options) do
-    EXLA.Defn.__with_mode__(:to_mlir, fn -> jit_apply(function, args, options) end)
+    {nested?, options} = Keyword.pop(options, :within_defn_compiler, false)
+
+    unless is_boolean(nested?) do
+      raise ArgumentError,
+            "expected :within_defn_compiler to be a boolean, got: #{inspect(nested?)}"
+    end
+
+    options = if nested?, do: [on_conflict: :force] ++ options, else: options
+    result = EXLA.Defn.__with_mode__(:to_mlir, fn -> jit_apply(function, args, options) end)
+    %{result | used_inputs: MapSet.new(result.used_inputs)}
   end
 
   @impl Nx.Defn.Compiler

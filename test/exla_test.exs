@@ -125,9 +125,53 @@ defmodule EXLATest do
                EXLA.to_mlir_module(fn a, _b -> {Nx.negate(a), a} end, args)
 
       assert mlir =~ "@main"
-      assert used == [0]
+      assert used == MapSet.new([0])
       assert {%Nx.Tensor{shape: {3}, type: {:f, 32}}, %Nx.Tensor{}} = out
       refute EXLA.cached?(fn a, _b -> {Nx.negate(a), a} end, args)
+    end
+
+    test "its text compiles and computes what jit computes" do
+      fun = fn x, y -> Nx.sum(Nx.multiply(Nx.cos(x), y), axes: [0]) end
+      x = Nx.iota({4, 3}, type: :f32)
+      y = Nx.tensor([2.0, -1.0, 0.5], type: :f32)
+
+      %{mlir_module: mlir, used_inputs: used} = EXLA.to_mlir_module(fun, [x, y])
+      assert used == MapSet.new([0, 1])
+      exe = EXLA.Executable.compile(EXLA.Client.fetch!(:host), mlir)
+
+      inputs = for t <- [x, y], do: {Nx.to_binary(t), EXLA.Shape.make_shape(t.type, t.shape)}
+
+      [[out]] = EXLA.Executable.run(exe, [inputs])
+      expected = Nx.Defn.jit_apply(fun, [x, y], compiler: Nx.Defn.Evaluator)
+      assert EXLA.DeviceBuffer.read(out) == Nx.to_binary(EXLA.jit(fun).(x, y))
+
+      assert Nx.to_number(
+               Nx.all_close(Nx.from_binary(EXLA.DeviceBuffer.read(out), :f32), expected)
+             ) == 1
+    end
+
+    test "within_defn_compiler: true lowers while another compilation is under way" do
+      parent = self()
+
+      inner = fn x -> Nx.exp(x) end
+
+      outer = fn x ->
+        send(parent, {:module, EXLA.to_mlir_module(inner, [x], within_defn_compiler: true)})
+        Nx.negate(x)
+      end
+
+      assert Nx.to_number(EXLA.jit(outer).(Nx.tensor(1.0))) == -1.0
+      assert_received {:module, %{mlir_module: mlir, output_container: out}}
+      assert mlir =~ "stablehlo.exponential"
+      assert %Nx.Tensor{shape: {}, type: {:f, 32}} = out
+
+      assert_raise RuntimeError, ~r/when there is a JIT compilation happening/, fn ->
+        EXLA.jit(fn x -> EXLA.to_mlir_module(inner, [x]) && x end).(Nx.tensor(2.0))
+      end
+
+      assert_raise ArgumentError, ~r/expected :within_defn_compiler to be a boolean/, fn ->
+        EXLA.to_mlir_module(inner, [Nx.tensor(1.0)], within_defn_compiler: :yes)
+      end
     end
   end
 
@@ -140,7 +184,12 @@ defmodule EXLATest do
 
   describe "caching and telemetry" do
     setup do
-      ref = :telemetry_test.attach_event_handlers(self(), [[:exla, :compilation]])
+      ref =
+        :telemetry_test.attach_event_handlers(self(), [
+          [:exla, :compilation],
+          [:exla, :compilation, :details]
+        ])
+
       on_exit(fn -> :telemetry.detach(ref) end)
       %{ref: ref}
     end
@@ -163,10 +212,52 @@ defmodule EXLATest do
       assert_received {[:exla, :compilation], ^ref, _, _}
     end
 
+    test "[:exla, :compilation] has EXLA's measurements and exactly %{key: key}", %{ref: ref} do
+      fun = adder(42)
+      EXLA.jit(fun).(on_device([1.0]))
+      assert_received {[:exla, :compilation], ^ref, measurements, metadata}
+      assert metadata == %{key: fun}
+      assert Enum.sort(Map.keys(measurements)) == [:compile_time, :eval_time, :total_time]
+
+      # An eager operation of a shape no other test uses.
+      t = Nx.tensor([[[1.0], [2.0], [3.0]]], type: :f64, backend: EXLA.Backend)
+      Nx.exp(t)
+      assert_received {[:exla, :compilation], ^ref, _, metadata}
+      assert metadata == %{key: :exp}
+    end
+
+    test "[:exla, :compilation, :details] follows it with this EXLA's facts", %{ref: ref} do
+      fun = adder(43)
+      EXLA.jit(fun).(on_device([1.0]))
+      assert_received {[:exla, :compilation], ^ref, measurements, _}
+      assert_received {[:exla, :compilation, :details], ^ref, details, metadata}
+      assert Map.take(details, Map.keys(measurements)) == measurements
+
+      assert Enum.sort(Map.keys(details)) ==
+               Enum.sort([
+                 :eval_time,
+                 :compile_time,
+                 :total_time,
+                 :lower_time,
+                 :xla_compile_time,
+                 :cache_load_time,
+                 :cache_write_time
+               ])
+
+      assert %{key: ^fun, kind: :jit, client: client, disk_cache: cache} = metadata
+      assert client == EXLA.Client.default_name()
+      assert cache in [:miss, :hit, :off, :memory]
+
+      # A cached call emits neither.
+      EXLA.jit(fun).(on_device([2.0]))
+      refute_received {[:exla, :compilation], ^ref, _, _}
+      refute_received {[:exla, :compilation, :details], ^ref, _, _}
+    end
+
     test "splits :compile_time into its stages and tells jit from EXLA.Backend", %{ref: ref} do
       fun = adder(41)
       EXLA.jit(fun, cache: false).(on_device([1.0]))
-      assert_received {[:exla, :compilation], ^ref, m, %{kind: :jit, disk_cache: :off}}
+      assert_received {[:exla, :compilation, :details], ^ref, m, %{kind: :jit, disk_cache: :off}}
       assert m.lower_time > 0 and m.xla_compile_time > 0
       assert m.cache_load_time == 0 and m.cache_write_time == 0
       assert m.lower_time + m.xla_compile_time <= m.compile_time
@@ -174,7 +265,7 @@ defmodule EXLATest do
       # An operation shape no other test uses: compiled here, eagerly.
       t = Nx.iota({4, 1, 3, 1, 7}, backend: EXLA.Backend)
       assert Nx.to_flat_list(Nx.negate(t)) == Enum.map(0..83, &(-&1))
-      assert_received {[:exla, :compilation], ^ref, m, %{kind: :backend, key: :negate}}
+      assert_received {[:exla, :compilation, :details], ^ref, m, %{kind: :backend, key: :negate}}
       assert m.lower_time > 0 and m.xla_compile_time > 0
     end
 
@@ -189,13 +280,13 @@ defmodule EXLATest do
 
       assert to_list(EXLA.jit(hooked.(:first)).(x)) == [7.0, 189.0]
       # (or from disk, when another run wrote it)
-      assert_received {[:exla, :compilation], ^ref, m, %{disk_cache: first}}
+      assert_received {[:exla, :compilation, :details], ^ref, m, %{disk_cache: first}}
       assert first in [:miss, :hit, :off]
       if first != :hit, do: assert(m.xla_compile_time > 0)
       assert_receive {:first, _}
 
       assert to_list(EXLA.jit(hooked.(:second)).(x)) == [7.0, 189.0]
-      assert_received {[:exla, :compilation], ^ref, m, %{disk_cache: :memory}}
+      assert_received {[:exla, :compilation, :details], ^ref, m, %{disk_cache: :memory}}
       assert m.xla_compile_time == 0
       assert_receive {:second, seen}
       assert to_list(seen) == [7.0, 189.0]
@@ -203,7 +294,7 @@ defmodule EXLATest do
 
       # cache: false neither uses nor keeps them
       EXLA.jit(hooked.(:third), cache: false).(x)
-      assert_received {[:exla, :compilation], ^ref, m, %{disk_cache: :off}}
+      assert_received {[:exla, :compilation, :details], ^ref, m, %{disk_cache: :off}}
       assert m.xla_compile_time > 0
     end
 

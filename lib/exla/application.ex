@@ -13,6 +13,9 @@ defmodule EXLA.Application do
       {Task, &preload_code/0}
     ]
 
+    # Owned by the application's process: it lives as long as EXLA.
+    EXLA.Recompilation.create_table()
+
     # The end of a script (mix run, elixir, mix test) waits too.
     System.at_exit(fn _status -> await_native_work() end)
     Supervisor.start_link(children, strategy: :one_for_one, name: EXLA.Supervisor)

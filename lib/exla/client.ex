@@ -43,7 +43,8 @@ defmodule EXLA.Client do
   The keyword list of a client takes:
 
     * `:platform` - the kind of device the client drives: `:host` (the
-      CPU, the default), `:cuda`, `:rocm` or `:tpu`.
+      CPU, the default), `:cuda`, `:rocm`, `:tpu`, or `:pjrt_plugin` for
+      any other PJRT plugin (see "Other PJRT plugins" below).
 
     * `:default_device_id` - the device that programs and tensors use when
       they name none, a number from 0 (the default) to the client's device
@@ -57,7 +58,11 @@ defmodule EXLA.Client do
       use, greater than 0 and at most 1. Defaults to `0.9`.
 
     * `:plugin` - the path of the PJRT plugin library to use, instead of the
-      platform's default one (see `EXLA.Plugin`).
+      platform's default one (see `EXLA.Plugin`). `:pjrt_plugin` clients
+      take `:plugin_path` instead.
+
+    * `:device_type` and `:plugin_path` - only for `:pjrt_plugin`
+      clients, and required there (see "Other PJRT plugins").
 
     * `:device_count` - the number of devices of a `:host` client (the CPU
       is split into that many devices), from 1 to 1024. Only for `:host`
@@ -83,6 +88,31 @@ defmodule EXLA.Client do
       training step). They take precedence over `XLA_FLAGS`. Names and
       values are checked when the client is created (see "XLA options and
       XLA_FLAGS" below).
+
+  ## Other PJRT plugins
+
+  The `:pjrt_plugin` platform, as in EXLA 0.13, runs on a PJRT plugin that
+  EXLA does not know by name (a vendor's accelerator, a build of your own):
+
+      config :exla, :clients,
+        tt: [platform: :pjrt_plugin, device_type: "tt", plugin_path: "/opt/tt/pjrt_plugin_tt.so"]
+
+    * `:device_type` - the plugin's device type, a non-empty string or an
+      atom (stored as a string in the client's `:device_type`), such as
+      `"tt"`. EXLA loads plugins by path and keeps no registry of them, so
+      it only names the client's devices in messages.
+
+    * `:plugin_path` - the path of the plugin library (a `.so` file). It
+      must exist when the client is created.
+
+  Both are required; a missing or invalid one raises `ArgumentError` when
+  the client is created. EXLA gives such a plugin no create options (so
+  `:memory_fraction` and `:preallocate` do not reach it, and
+  `:device_count` is refused, as for every platform but `:host`) and no
+  XLA option defaults (the `:host` client's `xla_cpu_use_xnnpack: false`
+  is not applied, even to a CPU plugin). `get_supported_platforms/0`
+  reports `:pjrt_plugin` when a configured client of that platform can be
+  created and finds devices.
 
   ## XLA options and XLA_FLAGS
 
@@ -172,6 +202,7 @@ defmodule EXLA.Client do
     :platform_name,
     :platform_version,
     :plugin_path,
+    :device_type,
     xla_options: []
   ]
 
@@ -180,16 +211,18 @@ defmodule EXLA.Client do
   `:platform_name` and `:platform_version` are what the plugin reports, and
   `:plugin_path` is the plugin library in use and `:xla_options` the XLA
   options every compilation on it uses (typed, sorted by name).
+  `:device_type` is the `:device_type` of a `:pjrt_plugin` client, else nil.
   """
   @type t :: %__MODULE__{
           ref: reference(),
           name: atom(),
-          platform: :host | :cuda | :rocm | :tpu,
+          platform: :host | :cuda | :rocm | :tpu | :pjrt_plugin,
           device_count: pos_integer(),
           default_device_id: non_neg_integer(),
           platform_name: String.t() | nil,
           platform_version: String.t() | nil,
           plugin_path: Path.t() | nil,
+          device_type: String.t() | nil,
           xla_options: [{String.t(), {atom(), term()}}]
         }
 
@@ -203,8 +236,9 @@ defmodule EXLA.Client do
     warm_up: true
   ]
 
-  # Allowed without a default: absent means the platform's defaults alone.
-  @optional_options [:xla_options]
+  # Allowed without a default: absent means the platform's defaults alone
+  # (:device_type and :plugin_path are required by :pjrt_plugin alone).
+  @optional_options [:xla_options, :device_type, :plugin_path]
 
   @doc """
   Starts the process that creates clients one at a time.
@@ -435,8 +469,41 @@ defmodule EXLA.Client do
       end
 
     Enum.each(options, &check_option!(name, options[:platform], &1))
-    Keyword.update!(options, :memory_fraction, &(&1 * 1.0))
+
+    options
+    |> Keyword.update!(:memory_fraction, &(&1 * 1.0))
+    |> plugin_options!(name)
   end
+
+  # A :pjrt_plugin client needs its plugin's path and device type (EXLA
+  # 0.13 raises without them too); its path is then its :plugin.
+  defp plugin_options!(options, name) do
+    if options[:platform] == :pjrt_plugin do
+      for key <- [:device_type, :plugin_path], options[key] == nil do
+        raise ArgumentError,
+              "EXLA client #{inspect(name)} of the :pjrt_plugin platform requires " <>
+                "#{inspect(key)}: " <> pjrt_plugin_hint(key)
+      end
+
+      if options[:plugin] do
+        raise ArgumentError,
+              "EXLA client #{inspect(name)} of the :pjrt_plugin platform takes its " <>
+                "plugin's path as :plugin_path, not :plugin"
+      end
+
+      options
+      |> Keyword.update!(:device_type, &to_string/1)
+      |> Keyword.put(:plugin, options[:plugin_path])
+    else
+      options
+    end
+  end
+
+  defp pjrt_plugin_hint(:device_type),
+    do: ~s|the device type of its PJRT plugin, such as "tt"|
+
+  defp pjrt_plugin_hint(:plugin_path),
+    do: "the path of its PJRT plugin library, such as \"/opt/tt/pjrt_plugin_tt.so\""
 
   defp check_option!(name, _platform, {:platform, platform}) do
     if platform not in Platform.all() do
@@ -476,6 +543,23 @@ defmodule EXLA.Client do
             "by :host clients, but its platform is #{inspect(platform)}"
   end
 
+  defp check_option!(_name, _platform, {key, nil}) when key in [:device_type, :plugin_path],
+    do: :ok
+
+  defp check_option!(name, platform, {key, _value})
+       when key in [:device_type, :plugin_path] and platform != :pjrt_plugin do
+    raise ArgumentError,
+          "the #{inspect(key)} option of EXLA client #{inspect(name)} is only supported " <>
+            "by :pjrt_plugin clients, but its platform is #{inspect(platform)}"
+  end
+
+  defp check_option!(_name, _platform, {:device_type, type})
+       when (is_binary(type) and type != "") or (is_atom(type) and type not in [true, false]),
+       do: :ok
+
+  defp check_option!(_name, _platform, {:plugin_path, path}) when is_binary(path) and path != "",
+    do: :ok
+
   defp check_option!(name, _platform, {:xla_options, options}) do
     unless (is_list(options) or is_map(options)) and Enum.all?(options, &xla_option?/1) do
       raise ArgumentError,
@@ -504,6 +588,8 @@ defmodule EXLA.Client do
   defp expected(:memory_fraction), do: "a number greater than 0 and at most 1"
   defp expected(:plugin), do: "a path (string)"
   defp expected(:device_count), do: "a positive integer"
+  defp expected(:device_type), do: ~s|a non-empty string or an atom, such as "tt"|
+  defp expected(:plugin_path), do: "the path of a PJRT plugin library (a non-empty string)"
 
   @doc false
   # The PJRT create options for validated client options (see
@@ -604,7 +690,8 @@ defmodule EXLA.Client do
 
     if device_count == 0 do
       raise RuntimeError,
-            "the PJRT plugin #{path} of EXLA client #{inspect(name)} found no devices"
+            "the PJRT plugin #{path} of EXLA client #{inspect(name)} found no devices" <>
+              if(options[:device_type], do: " of type #{inspect(options[:device_type])}", else: "")
     end
 
     default_device_id = options[:default_device_id]
@@ -627,6 +714,7 @@ defmodule EXLA.Client do
       platform_name: info.platform_name,
       platform_version: info[:platform_version],
       plugin_path: path,
+      device_type: options[:device_type],
       xla_options: xla_options
     }
   end
@@ -690,7 +778,7 @@ defmodule EXLA.Client do
   end
 
   defp platform_device_count(:host, clients) do
-    plugin = clients |> clients_on(:host) |> Enum.find_value(fn {_, opts} -> opts[:plugin] end)
+    plugin = clients |> clients_on(:host) |> configured_plugin(:host)
 
     if EXLA.Plugin.available?(:host, plugin: plugin) do
       host_device_count([])
@@ -702,7 +790,7 @@ defmodule EXLA.Client do
   # default options is created only to count the devices.
   defp platform_device_count(platform, clients) do
     configured = clients_on(clients, platform)
-    plugin = Enum.find_value(configured, fn {_, opts} -> opts[:plugin] end)
+    plugin = configured_plugin(configured, platform)
 
     with true <- EXLA.Plugin.may_have_devices?(platform, plugin: plugin),
          {:ok, path} <- EXLA.Plugin.find(platform, plugin: plugin) do
@@ -728,6 +816,12 @@ defmodule EXLA.Client do
     options = validate_options!(platform, platform: platform, preallocate: false)
     {_ref, info} = create!(platform, path, create_options(options), [])
     if info.devices != [], do: length(info.devices)
+  end
+
+  # The plugin that the first of `configured` clients naming one names.
+  defp configured_plugin(configured, platform) do
+    option = Platform.plugin_option(platform)
+    Enum.find_value(configured, fn {_, opts} -> opts[option] end)
   end
 
   defp clients_on(clients, platform) do

@@ -221,7 +221,7 @@ defmodule EXLA.CompileCache do
   defp read(client, path, key) do
     case File.read(path) do
       {:ok, binary} ->
-        case Executable.load(client, binary, %{cache_key: key}) do
+        case Executable.load_binary(client, binary, %{cache_key: key}) do
           {:ok, executable, _metadata} -> {:ok, executable}
           {:error, message} -> ignore(path, message)
         end

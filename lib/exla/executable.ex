@@ -290,7 +290,7 @@ defmodule EXLA.Executable do
 
   The binary carries a checksum of all of it (see `EXLA.Executable.Sealed`):
   a damaged binary raises when it is loaded instead of running garbage. It
-  also records what the executable was compiled for (see `load/3`): plugins
+  also records what the executable was compiled for (see `load_binary/3`): plugins
   can load each other's executables and silently compute wrong results,
   and XLA:CPU compiles for the features of the CPU it runs on, so it only
   loads back into a client of the same plugin file, platform and kind of
@@ -325,7 +325,7 @@ defmodule EXLA.Executable do
   Loads an executable made by `serialize/1` into `client`.
 
   Raises `ArgumentError` when the binary is not one, is damaged, or was
-  made for another target (see `load/3`); nothing is loaded then.
+  made for another target (see `load_binary/3`); nothing is loaded then.
   """
   def deserialize(client, binary) when is_binary(binary) do
     case open(client, binary, %{}) do
@@ -356,6 +356,61 @@ defmodule EXLA.Executable do
   defp raise_unloadable!(:invalid, message), do: raise(ArgumentError, message)
 
   @doc """
+  Dumps the executable into a map that `load/2` loads back, as EXLA 0.13
+  does. The map holds only terms, so it survives `:erlang.term_to_binary/1`
+  and can be written to a file or sent to another node:
+
+    * `:serialized` - the executable, as `serialize/1` makes it (checksummed,
+      and loadable only for the target it was compiled for);
+    * `:device_id`, `:num_replicas` and `:num_partitions` - what it was
+      compiled for, to read (`load/2` takes them from `:serialized`, which
+      records them too).
+
+  An executable of another node is dumped by that node.
+
+  ## Examples
+
+      iex> client = EXLA.Client.fetch!(:host)
+      iex> x = Nx.template({2}, :f32)
+      iex> %{mlir_module: mlir} = EXLA.to_mlir_module(&Nx.negate/1, [x])
+      iex> exe = EXLA.Executable.compile(client, mlir)
+      iex> dumped = exe |> EXLA.Executable.dump() |> :erlang.term_to_binary()
+      iex> loaded = EXLA.Executable.load(client, :erlang.binary_to_term(dumped))
+      iex> input = {<<1.0::float-32-native, -2.0::float-32-native>>, EXLA.Shape.make_shape({:f, 32}, {2})}
+      iex> [[y]] = EXLA.Executable.run(loaded, [[input]])
+      iex> EXLA.DeviceBuffer.read(y) == <<-1.0::float-32-native, 2.0::float-32-native>>
+      true
+
+  """
+  def dump(%__MODULE__{} = executable) do
+    %{
+      serialized: serialize(executable),
+      device_id: executable.device_id,
+      num_replicas: executable.num_replicas,
+      num_partitions: executable.num_partitions
+    }
+  end
+
+  @doc """
+  Loads into `client` an executable that `dump/1` dumped (or the binary
+  of `serialize/1`), and returns it.
+
+  Raises `ArgumentError`, loading nothing, when `data` is neither, when it
+  is damaged, or when it was made for another target (see
+  `load_binary/3`).
+  """
+  def load(client, data)
+
+  def load(client, %{serialized: binary}) when is_binary(binary), do: deserialize(client, binary)
+  def load(client, binary) when is_binary(binary), do: deserialize(client, binary)
+
+  def load(_client, other) do
+    raise ArgumentError,
+          "expected the map of EXLA.Executable.dump/1 (or a binary of serialize/1), " <>
+            "got: #{inspect(other, limit: 5, printable_limit: 64)}"
+  end
+
+  @doc """
   Loads an executable made by `serialize/1` into `client`, returning
   `{:ok, executable, metadata}` or `{:error, message}`; never raises.
 
@@ -368,11 +423,11 @@ defmodule EXLA.Executable do
   have (the compile cache checks its key this way), checked before the
   plugin sees anything too.
 
-  Unlike `deserialize/2`, it logs nothing: the caller has the error and
-  says where the binary came from (the compile cache warns naming its
-  file).
+  Unlike `deserialize/2` and `load/2`, it logs nothing: the caller has the
+  error and says where the binary came from (the compile cache warns
+  naming its file).
   """
-  def load(client, binary, expected \\ %{}) when is_binary(binary) and is_map(expected) do
+  def load_binary(client, binary, expected \\ %{}) when is_binary(binary) and is_map(expected) do
     with {:error, _reason, message} <- open(client, binary, expected) do
       {:error, message}
     end

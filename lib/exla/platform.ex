@@ -9,16 +9,37 @@ defmodule EXLA.Platform do
   # clients with it. (The default `:clients` in mix.exs name these
   # platforms too: a test checks that they agree.)
 
-  @all [:host, :cuda, :rocm, :tpu]
+  # :pjrt_plugin is any other PJRT plugin (EXLA 0.13's platform of that
+  # name): its client names the library (:plugin_path) and the device type
+  # it registers (:device_type), and EXLA assumes nothing else about it.
+  @builtin [:host, :cuda, :rocm, :tpu]
+  @all @builtin ++ [:pjrt_plugin]
 
   @typedoc "A platform EXLA knows how to run on."
-  @type t :: :host | :cuda | :rocm | :tpu
+  @type t :: :host | :cuda | :rocm | :tpu | :pjrt_plugin
 
   @doc "The platforms EXLA knows."
   @spec all() :: [t()]
   def all, do: @all
 
-  @doc "The environment variable naming `platform`'s plugin library."
+  @doc """
+  The platforms whose plugins EXLA finds by itself (the platforms of the
+  default `:clients`): all but `:pjrt_plugin`.
+  """
+  def builtin, do: @builtin
+
+  @doc """
+  The client option that names `platform`'s plugin library: `:plugin_path`
+  for `:pjrt_plugin` (required, as in EXLA 0.13), else `:plugin`.
+  """
+  def plugin_option(:pjrt_plugin), do: :plugin_path
+  def plugin_option(_platform), do: :plugin
+
+  @doc """
+  The environment variable naming `platform`'s plugin library, or nil for
+  `:pjrt_plugin`, whose client names it.
+  """
+  def env_var(:pjrt_plugin), do: nil
   def env_var(platform), do: "EXLA_PJRT_PLUGIN_" <> String.upcase(Atom.to_string(platform))
 
   @doc """
@@ -42,6 +63,7 @@ defmodule EXLA.Platform do
   def device_files(:cuda), do: ["/dev/nvidiactl", "/dev/nvidia[0-9]*", "/dev/dxg"]
   def device_files(:rocm), do: ["/dev/kfd"]
   def device_files(:tpu), do: ["/dev/accel[0-9]*", "/dev/vfio/[0-9]*"]
+  def device_files(:pjrt_plugin), do: []
 
   @doc """
   Where a Python package puts `platform`'s plugin, relative to a
@@ -51,6 +73,7 @@ defmodule EXLA.Platform do
   def plugin_glob(:cuda), do: "jax_plugins/xla_cuda*/xla_cuda_plugin.so"
   def plugin_glob(:rocm), do: "jax_plugins/xla_rocm*/xla_rocm_plugin.so"
   def plugin_glob(:tpu), do: "libtpu/libtpu.so"
+  def plugin_glob(:pjrt_plugin), do: nil
 
   @doc """
   How a plugin found with `plugin_glob/1` ranks: the newer version first
@@ -90,6 +113,7 @@ defmodule EXLA.Platform do
 
   def install_hint(:rocm), do: "the Python package jax-rocm60-pjrt (or another jax-rocm*-pjrt)"
   def install_hint(:tpu), do: "the Python package libtpu (`pip install libtpu`)"
+  def install_hint(:pjrt_plugin), do: "the plugin, and give its path as the client's :plugin_path"
 
   @doc """
   The names a plugin of `platform` may report as its platform name
@@ -99,6 +123,7 @@ defmodule EXLA.Platform do
   def plugin_names(:cuda), do: ["cuda", "gpu"]
   def plugin_names(:rocm), do: ["rocm", "gpu"]
   def plugin_names(:tpu), do: nil
+  def plugin_names(:pjrt_plugin), do: nil
 
   @doc "Whether a plugin's reported platform name is the CPU's."
   def cpu_name?(platform_name),
@@ -121,7 +146,7 @@ defmodule EXLA.Platform do
           {"memory_fraction", {:float, Keyword.fetch!(options, :memory_fraction) * 1.0}}
         ]
 
-      :tpu ->
+      other when other in [:tpu, :pjrt_plugin] ->
         []
     end
   end

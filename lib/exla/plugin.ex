@@ -7,7 +7,10 @@ defmodule EXLA.Plugin do
 
   ## Where a plugin comes from
 
-  For a client of a given platform, the first of these that applies wins:
+  A client of the `:pjrt_plugin` platform (any other PJRT plugin, see
+  `EXLA.Client`) uses the library its `:plugin_path` option names, and
+  nothing else. For a client of another platform, the first of these that
+  applies wins:
 
     1. the client's `:plugin` option, a path to the library (see `EXLA.Client`);
 
@@ -120,13 +123,13 @@ defmodule EXLA.Plugin do
   @option_keys [:plugin, :cache_dir, :python, install: true]
 
   @typedoc "A platform EXLA knows how to find a plugin for."
-  @type platform :: :host | :cuda | :rocm | :tpu
+  @type platform :: :host | :cuda | :rocm | :tpu | :pjrt_plugin
 
   @doc """
   Lists the platforms this module finds plugins for.
 
       iex> EXLA.Plugin.platforms()
-      [:host, :cuda, :rocm, :tpu]
+      [:host, :cuda, :rocm, :tpu, :pjrt_plugin]
 
   """
   @spec platforms() :: [platform()]
@@ -309,13 +312,14 @@ defmodule EXLA.Plugin do
     platform == :host and opts[:install] == true and given(platform, opts) == nil
   end
 
-  # A plugin named by the :plugin option or the environment.
+  # A plugin named by the client's option (:plugin, or :plugin_path for
+  # :pjrt_plugin, given here as :plugin) or the environment.
   defp given(platform, opts) do
     env = Platform.env_var(platform)
 
     cond do
-      path = opts[:plugin] -> {path, "the :plugin option"}
-      path = EXLA.Env.get(env) -> {path, "the environment variable #{env}"}
+      path = opts[:plugin] -> {path, "the #{inspect(Platform.plugin_option(platform))} option"}
+      path = env && EXLA.Env.get(env) -> {path, "the environment variable #{env}"}
       true -> nil
     end
   end
@@ -339,6 +343,10 @@ defmodule EXLA.Plugin do
          "Call EXLA.Plugin.install!/1, or set #{Platform.env_var(:host)} or the client's " <>
          ":plugin option"}
     end
+  end
+
+  defp default(:pjrt_plugin, _opts) do
+    {:error, "a client of the :pjrt_plugin platform needs the path of its plugin as :plugin_path"}
   end
 
   defp default(:tpu, opts) do

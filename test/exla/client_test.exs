@@ -346,6 +346,121 @@ defmodule EXLA.ClientTest do
     end
   end
 
+  describe "the :pjrt_plugin platform" do
+    test "runs on the plugin its :plugin_path names (here, the CPU plugin)" do
+      cpu = Client.fetch!(:host)
+      name = unique_name(:pjrt_plugin)
+
+      put_clients([
+        {name, [platform: :pjrt_plugin, device_type: :cpu, plugin_path: cpu.plugin_path]}
+      ])
+
+      client = Client.fetch!(name)
+      assert %Client{platform: :pjrt_plugin, device_type: "cpu", platform_name: "cpu"} = client
+      assert client.plugin_path == cpu.plugin_path
+      assert client.device_count >= 1
+      # No EXLA defaults for a plugin it does not know by name.
+      assert client.xla_options == []
+
+      # A client of its own: its memory statistics count its tensors only.
+      assert %{allocated: 0} = Client.get_memory_statistics(client)
+      on = {EXLA.Backend, client: name}
+      kept = Nx.from_binary(:binary.copy(<<1.0::float-32-native>>, 256), :f32, backend: on)
+      assert %{allocated: 1024, peak: 1024} = Client.get_memory_statistics(name)
+      Nx.backend_deallocate(kept)
+      assert %{allocated: 0, peak: 1024} = Client.get_memory_statistics(name)
+
+      x = Nx.tensor([[1.0, -2.0], [3.5, 4.0]])
+      fun = fn x -> Nx.sum(Nx.multiply(Nx.exp(x), Nx.transpose(x)), axes: [1]) end
+      got = EXLA.jit(fun, client: name).(x)
+      assert %EXLA.Backend{buffer: %{client_name: ^name}} = got.data
+      expected = Nx.Defn.jit_apply(fun, [x], compiler: Nx.Defn.Evaluator)
+      assert Nx.to_number(Nx.all_close(Nx.backend_transfer(got), expected)) == 1
+
+      t = Nx.iota({4}, backend: {EXLA.Backend, client: name})
+      assert Nx.to_flat_list(Nx.add(t, 1)) == [1, 2, 3, 4]
+    end
+
+    test "is supported when a configured client of it can be created" do
+      cpu = Client.fetch!(:host)
+      name = unique_name(:supported_pjrt_plugin)
+
+      put_clients([
+        {name, [platform: :pjrt_plugin, device_type: "cpu", plugin_path: cpu.plugin_path]}
+      ])
+
+      # The answer is computed once per VM: computed again here, then put back.
+      key = {EXLA.Client, :supported_platforms}
+      previous = :persistent_term.get(key)
+      :persistent_term.erase(key)
+
+      try do
+        platforms = Client.get_supported_platforms()
+        assert platforms[:pjrt_plugin] == Client.fetch!(name).device_count
+        assert platforms[:host] == previous[:host]
+
+        assert Client.choose_default(Application.fetch_env!(:exla, :clients), [name], platforms) ==
+                 name
+      after
+        :persistent_term.put(key, previous)
+      end
+
+      options =
+        Client.validate_options!(:a,
+          platform: :pjrt_plugin,
+          device_type: "x",
+          plugin_path: "/x.so"
+        )
+
+      assert Client.create_options(options) == []
+    end
+
+    test "requires :device_type and :plugin_path, valid, and only there" do
+      path = "/opt/tt/pjrt_plugin_tt.so"
+
+      invalid = [
+        {[platform: :pjrt_plugin, plugin_path: path],
+         ~r/client :a of the :pjrt_plugin platform requires :device_type/},
+        {[platform: :pjrt_plugin, device_type: "tt"],
+         ~r/client :a of the :pjrt_plugin platform requires :plugin_path: the path/},
+        {[platform: :pjrt_plugin, device_type: "", plugin_path: path],
+         ~r/invalid :device_type for EXLA client :a: expected a non-empty string or an atom/},
+        {[platform: :pjrt_plugin, device_type: 1, plugin_path: path], ~r/invalid :device_type/},
+        {[platform: :pjrt_plugin, device_type: "tt", plugin_path: :nope],
+         ~r/invalid :plugin_path for EXLA client :a: expected the path of a PJRT plugin/},
+        {[platform: :pjrt_plugin, device_type: "tt", plugin_path: path, plugin: path],
+         ~r/takes its plugin's path as :plugin_path, not :plugin/},
+        {[platform: :host, device_type: "tt"],
+         ~r/:device_type option of EXLA client :a is only supported by :pjrt_plugin clients/},
+        {[platform: :cuda, plugin_path: path], ~r/:plugin_path option .* only supported by/}
+      ]
+
+      for {options, message} <- invalid do
+        assert_raise ArgumentError, message, fn -> Client.validate_options!(:a, options) end
+      end
+
+      options =
+        Client.validate_options!(:a, platform: :pjrt_plugin, device_type: :tt, plugin_path: path)
+
+      assert options[:device_type] == "tt"
+      assert options[:plugin] == path
+    end
+
+    test "a missing plugin file raises naming :plugin_path" do
+      name = unique_name(:missing_pjrt_plugin)
+
+      put_clients([
+        {name, [platform: :pjrt_plugin, device_type: "tt", plugin_path: "/nonexistent/tt.so"]}
+      ])
+
+      assert_raise RuntimeError,
+                   ~r/"\/nonexistent\/tt.so" given by the :plugin_path option/,
+                   fn ->
+                     Client.fetch!(name)
+                   end
+    end
+  end
+
   describe "create_options/1" do
     test "host clients pass only an int64 device count" do
       # Without :device_count, the count is XLA_FLAGS's (see the tests of

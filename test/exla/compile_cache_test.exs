@@ -3,6 +3,7 @@ defmodule EXLA.CompileCacheTest do
   use ExUnit.Case, async: false
 
   import ExUnit.CaptureLog
+  require Logger
   import Bitwise, only: [<<<: 2]
 
   alias EXLA.{CompileCache, DeviceBuffer, Executable, Shape}
@@ -451,7 +452,12 @@ defmodule EXLA.CompileCacheTest do
 
   describe "through EXLA.jit" do
     setup do
-      ref = :telemetry_test.attach_event_handlers(self(), [[:exla, :compilation]])
+      ref =
+        :telemetry_test.attach_event_handlers(self(), [
+          [:exla, :compilation],
+          [:exla, :compilation, :details]
+        ])
+
       on_exit(fn -> :telemetry.detach(ref) end)
       {:ok, ref: ref}
     end
@@ -468,37 +474,58 @@ defmodule EXLA.CompileCacheTest do
       # On the host, so that no other program reaches the cache.
       [got, x_host] = Enum.map([expected, x], &Nx.backend_copy(&1, Nx.BinaryBackend))
       assert Nx.to_number(Nx.all_close(got, Nx.exp(Nx.cos(x_host)))) == 1
-      assert_received {[:exla, :compilation], ^ref, _, %{disk_cache: :miss}}
+      assert_received {[:exla, :compilation, :details], ^ref, _, %{disk_cache: :miss}}
       assert [_] = entries(dir)
 
       # The same program again in this VM: its executable, without looking on disk.
       assert same?(second.(x), expected)
-      assert_received {[:exla, :compilation], ^ref, m, %{disk_cache: :memory}}
+      assert_received {[:exla, :compilation, :details], ^ref, m, %{disk_cache: :memory}}
       assert m.xla_compile_time == 0 and m.cache_load_time == 0
 
       EXLA.CompileCache.Memory.clear()
       assert same?(EXLA.jit(fn x -> Nx.exp(Nx.cos(x)) end).(x), expected)
-      assert_received {[:exla, :compilation], ^ref, _, %{disk_cache: :hit}}
+      assert_received {[:exla, :compilation, :details], ^ref, _, %{disk_cache: :hit}}
 
       EXLA.jit(fn x -> Nx.exp(Nx.cos(x)) end, cache: false).(x)
-      assert_received {[:exla, :compilation], ^ref, _, %{disk_cache: :off}}
+      assert_received {[:exla, :compilation, :details], ^ref, _, %{disk_cache: :off}}
     end
 
     test "cache: a path", %{ref: ref, dir: dir} do
       path = Path.join(dir, "fun.exla")
       x = Nx.tensor([1.0, 2.0])
       assert same?(EXLA.jit(&Nx.multiply(&1, 3), cache: path).(x), Nx.multiply(x, 3))
-      assert_received {[:exla, :compilation], ^ref, _, %{disk_cache: :miss}}
+      assert_received {[:exla, :compilation, :details], ^ref, _, %{disk_cache: :miss}}
       assert File.exists?(path)
 
       assert same?(EXLA.jit(&Nx.multiply(3, &1), cache: path).(x), Nx.multiply(x, 3))
-      assert_received {[:exla, :compilation], ^ref, _, %{disk_cache: :hit}}
+      assert_received {[:exla, :compilation, :details], ^ref, _, %{disk_cache: :hit}}
 
       for bad <- [:yes, "", 1] do
         assert_raise ArgumentError, ~r/expected :cache to be true, false or a file path/, fn ->
           EXLA.jit(&Nx.negate/1, cache: bad).(x)
         end
       end
+    end
+
+    test "cache: a path with debug: true logs EXLA's lines for the file", %{dir: dir} do
+      level = Logger.level()
+      Logger.configure(level: :debug)
+      on_exit(fn -> Logger.configure(level: level) end)
+      path = Path.join(dir, "debugged.exla")
+      x = Nx.tensor([1.0, 2.0])
+      run = fn fun -> capture_log([level: :debug], fn -> fun.(x) end) end
+
+      log = run.(EXLA.jit(&Nx.subtract(&1, 7), cache: path, debug: true))
+      assert log =~ "EXLA disk cache not found at #{inspect(path)}"
+      refute log =~ "EXLA disk cache found"
+
+      log = run.(EXLA.jit(&Nx.subtract(&1, 7), cache: path, debug: true))
+      assert log =~ "EXLA disk cache found at #{inspect(path)}"
+      assert log =~ "(loaded from the disk cache)"
+
+      # Without debug: true, nothing of the sort.
+      log = run.(EXLA.jit(&Nx.subtract(&1, 7), cache: path))
+      refute log =~ "EXLA disk cache"
     end
 
     test "programs with hooks run their hooks when loaded", %{ref: ref} do
@@ -511,13 +538,13 @@ defmodule EXLA.CompileCacheTest do
       second = EXLA.jit(fn x -> x |> Nx.sqrt() |> Nx.Defn.Kernel.hook(send_it) end)
 
       assert same?(first.(x), Nx.sqrt(x))
-      assert_received {[:exla, :compilation], ^ref, _, %{disk_cache: :miss}}
+      assert_received {[:exla, :compilation, :details], ^ref, _, %{disk_cache: :miss}}
       assert_receive {:seen, seen}
       assert same?(seen, Nx.sqrt(x))
 
       EXLA.CompileCache.Memory.clear()
       assert same?(second.(x), Nx.sqrt(x))
-      assert_received {[:exla, :compilation], ^ref, _, %{disk_cache: :hit}}
+      assert_received {[:exla, :compilation, :details], ^ref, _, %{disk_cache: :hit}}
       assert_receive {:seen, again}
       assert same?(again, seen)
     end

@@ -85,10 +85,11 @@ defmodule EXLA.DefnTest do
     end
 
     test "to_mlir_module of a defn function" do
-      %{mlir_module: mlir, used_inputs: [0, 1]} =
+      %{mlir_module: mlir, used_inputs: %MapSet{} = used} =
         EXLA.to_mlir_module(&add_two/2, [Nx.template({2}, {:f, 32}), Nx.template({2}, {:f, 32})])
 
       assert mlir =~ "stablehlo.add"
+      assert used == MapSet.new([0, 1])
     end
 
     test "raises inside a JIT" do

@@ -4,6 +4,8 @@ defmodule EXLA.ExecutableTest do
   alias EXLA.{DeviceBuffer, Executable, Shape}
   alias EXLA.Executable.Sealed
 
+  doctest EXLA.Executable
+
   @add """
   module {
     func.func public @main(%a: tensor<3xf32>, %b: tensor<3xf32>) -> tensor<3xf32> {
@@ -141,6 +143,53 @@ defmodule EXLA.ExecutableTest do
     end
   end
 
+  describe "dump/1 and load/2" do
+    # Damaged data logs an integrity warning, kept off the console.
+    @tag :capture_log
+    test "round-trip through term_to_binary and give the same results", %{client: client} do
+      exe = Executable.compile(client, @add)
+      dumped = Executable.dump(exe)
+
+      assert %{serialized: serialized, device_id: 0, num_replicas: 1, num_partitions: 1} = dumped
+
+      assert is_binary(serialized)
+
+      loaded = Executable.load(client, :erlang.binary_to_term(:erlang.term_to_binary(dumped)))
+      assert loaded.input_shapes == exe.input_shapes
+      assert loaded.output_shapes == exe.output_shapes
+      args = [{f32([1.5, 2.0, -3.0]), vec3()}, {f32([0.25, 1.0, 1.0]), vec3()}]
+      [[got]] = Executable.run(loaded, [args])
+      assert DeviceBuffer.read(got) == f32([1.75, 3.0, -2.0])
+
+      # serialize/1's binary loads the same way.
+      [[again]] = Executable.run(Executable.load(client, serialized), [args])
+      assert DeviceBuffer.read(again) == f32([1.75, 3.0, -2.0])
+
+      assert_raise ArgumentError, ~r/expected the map of EXLA.Executable.dump\/1/, fn ->
+        Executable.load(client, %{output_typespecs: []})
+      end
+
+      <<head::binary-size(40), byte, rest::binary>> = serialized
+
+      assert_raise ArgumentError, ~r/checksum/, fn ->
+        Executable.load(client, %{dumped | serialized: <<head::binary, byte + 1, rest::binary>>})
+      end
+    end
+
+    test "a jitted function's executable, dumped and loaded, computes the same" do
+      x = Nx.iota({3, 4}, type: :f32)
+      fun = fn x -> Nx.sum(Nx.multiply(Nx.sin(x), 2), axes: [1]) end
+      %{mlir_module: mlir} = EXLA.to_mlir_module(fun, [x])
+      client = EXLA.Client.fetch!(:host)
+      data = client |> Executable.compile(mlir) |> Executable.dump() |> :erlang.term_to_binary()
+      loaded = Executable.load(client, :erlang.binary_to_term(data))
+      [[out]] = Executable.run(loaded, [[{Nx.to_binary(x), Shape.make_shape({:f, 32}, {3, 4})}]])
+      got = Nx.from_binary(DeviceBuffer.read(out), :f32)
+      expected = Nx.Defn.jit_apply(fun, [x], compiler: Nx.Defn.Evaluator)
+      assert Nx.to_number(Nx.all_close(got, expected, atol: 1.0e-6)) == 1
+    end
+  end
+
   # The foreign binary logs an integrity warning, kept off the console.
   @tag :capture_log
   test "serializes and deserializes", %{client: client} do
@@ -176,7 +225,7 @@ defmodule EXLA.ExecutableTest do
         Executable.deserialize(client, foreign)
       end
 
-      assert {:error, _} = Executable.load(client, foreign)
+      assert {:error, _} = Executable.load_binary(client, foreign)
     end
 
     assert_raise ArgumentError, ~r/compiled for device 7/, fn ->

@@ -196,16 +196,16 @@ defmodule EXLA.NativeLogTest do
     assert %{subject: "serialized executable", reason: "its checksum does not match"} = meta
   end
 
-  test "a damaged binary is reported by whoever raises, not by load/3" do
+  test "a damaged binary is reported by whoever raises, not by load_binary/3" do
     client = EXLA.Client.fetch!(:host)
     %{mlir_module: mlir} = EXLA.to_mlir_module(&Nx.negate/1, [Nx.template({2}, :f32)])
     serialized = client |> EXLA.Executable.compile(mlir) |> EXLA.Executable.serialize()
     <<head::binary-size(100), byte, rest::binary>> = serialized
     damaged = <<head::binary, Bitwise.bxor(byte, 1), rest::binary>>
 
-    # load/3's caller has the error and reports it (the compile cache warns
+    # load_binary/3's caller has the error and reports it (the compile cache warns
     # naming its file): one warning per damaged file, not two
-    assert {:error, message} = EXLA.Executable.load(client, damaged)
+    assert {:error, message} = EXLA.Executable.load_binary(client, damaged)
     assert message =~ "damaged"
     assert collect() == []
 

@@ -290,7 +290,7 @@ defmodule EXLA.StreamTest do
   end
 
   test "a stream whose program was compiled before takes its executable, and keeps its own hooks" do
-    ref = :telemetry_test.attach_event_handlers(self(), [[:exla, :compilation]])
+    ref = :telemetry_test.attach_event_handlers(self(), [[:exla, :compilation, :details]])
     on_exit(fn -> :telemetry.detach(ref) end)
     parent = self()
 
@@ -302,11 +302,11 @@ defmodule EXLA.StreamTest do
     end
 
     first = EXLA.stream(step.(:first), [Nx.tensor(0.0), Nx.tensor(0.0)])
-    assert_received {[:exla, :compilation], ^ref, _, %{disk_cache: status}}
+    assert_received {[:exla, :compilation, :details], ^ref, _, %{disk_cache: status}}
     assert status in [:miss, :hit, :off]
 
     second = EXLA.stream(step.(:second), [Nx.tensor(0.0), Nx.tensor(0.0)])
-    assert_received {[:exla, :compilation], ^ref, m, %{disk_cache: :memory}}
+    assert_received {[:exla, :compilation, :details], ^ref, m, %{disk_cache: :memory}}
     assert m.xla_compile_time == 0
 
     # Both run at once, each with its accumulator and its hook.

@@ -118,7 +118,7 @@ defmodule EXLA.UnusedInputsTest do
     %{mlir_module: mlir, used_inputs: used} =
       EXLA.to_mlir_module(fn a, b, _c -> add_first(a, b) end, args)
 
-    assert used == [0]
+    assert used == MapSet.new([0])
     assert mlir =~ ~r/@main\(%arg0: tensor<2xf32>\)/
   end
 end

@@ -9,7 +9,7 @@ defmodule EXLA.Defn.Compilation do
   # The result is an `EXLA.Defn.Compiled` struct holding the executable, the
   # shapes of the inputs, the output templates and a function that turns the
   # output buffers into the result container. Compilation emits the
-  # `[:exla, :compilation]` telemetry event.
+  # telemetry events (see EXLA.CompileReport).
   #
   # The cache key is the function's key (given by `Nx.Defn`), the type,
   # shape, names and vectorized axes of every argument, and the options
@@ -123,8 +123,8 @@ defmodule EXLA.Defn.Compilation do
   # The one path of a compilation (of jit, compile, stream and shard_jit):
   # evaluates `fun` on `vars` to an expression, gives it to `compile`
   # (which returns `{compiled, disk_cache}`, see EXLA.CompileCache.compile/4),
-  # logs both steps with `debug: true` and emits the `[:exla, :compilation]`
-  # telemetry event. Returns what `compile` compiled.
+  # logs the evaluation with `debug: true` and reports the compilation
+  # (EXLA.CompileReport). Returns what `compile` compiled.
   def compilation(key, vars, fun, opts, compile) do
     {eval_time, expr} = :timer.tc(fn -> fun.(vars) end)
 
@@ -135,38 +135,11 @@ defmodule EXLA.Defn.Compilation do
     {compile_time, {{compiled, disk_cache}, stages}} =
       :timer.tc(fn -> EXLA.CompileTimer.collect(fn -> compile.(expr) end) end)
 
-    if opts[:debug] do
-      Logger.debug(
-        "EXLA compilation #{inspect(key)} cache miss in #{ms(compile_time)}ms" <>
-          if(disk_cache == :hit, do: " (loaded from the disk cache)", else: "")
-      )
-    end
-
-    :telemetry.execute(
-      [:exla, :compilation],
-      compilation_measurements(eval_time, compile_time, stages),
-      %{key: key, disk_cache: disk_cache, kind: compilation_kind(opts)}
-    )
+    timing = %{eval_time: eval_time, compile_time: compile_time, stages: stages}
+    EXLA.CompileReport.compiled(key, vars, expr, opts, timing, disk_cache)
 
     compiled
   end
-
-  # EXLA 0.7.2's three measurements, and the stages of :compile_time.
-  defp compilation_measurements(eval_time, compile_time, stages) do
-    stages =
-      Map.merge(
-        %{lower_time: 0, xla_compile_time: 0, cache_load_time: 0, cache_write_time: 0},
-        stages
-      )
-
-    Map.merge(stages, %{
-      eval_time: eval_time,
-      compile_time: compile_time,
-      total_time: eval_time + compile_time
-    })
-  end
-
-  defp compilation_kind(opts), do: if(opts[:cache_kind] == :bounded, do: :backend, else: :jit)
 
   # Returns the compiled program and where its executable came from (see
   # EXLA.CompileCache.compile/4).

@@ -23,7 +23,7 @@ defmodule EXLA.Executable.Sealed do
   #
   # The version changes whenever the layout or the metadata's meaning does;
   # other versions are refused. Version 3 records the executable's whole
-  # target (see `EXLA.Executable.load/3`) where version 2 had the plugin's
+  # target (see `EXLA.Executable.load_binary/3`) where version 2 had the plugin's
   # hash alone; version 4 records the program's `EXLA.MLIR.Facts` where
   # version 3 had the placement decided from them.
 

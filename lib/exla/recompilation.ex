@@ -1,0 +1,120 @@
+defmodule EXLA.Recompilation do
+  @moduledoc false
+  # The `:check_recompilation` setting (see "Recompilation" in `EXLA`,
+  # internal): counts the compilations of each function for the same
+  # argument and result shapes, and warns once when a count reaches the
+  # setting.
+  #
+  # A function is the same across closures made anew (each is a new cache
+  # key, and so a new compilation) when it has the same code and captures
+  # the same values, tensors counting by type and shape only: a closure
+  # that captures a different tensor at every call is one function
+  # compiled again and again, which is what the warning is for. Nothing is
+  # counted unless the setting is an integer.
+
+  require Logger
+
+  @table __MODULE__
+
+  @doc """
+  Creates the table of counts; its owner is the calling process (EXLA's
+  application start, so the table lives as long as the application).
+  """
+  def create_table do
+    :ets.new(@table, [:named_table, :public, :set, write_concurrency: true])
+    :ok
+  end
+
+  @doc """
+  The `:check_recompilation` setting: a positive integer, or `:infinity`
+  (the default) for no check. Raises `ArgumentError` for other values.
+  """
+  def threshold do
+    case Application.get_env(:exla, :check_recompilation, :infinity) do
+      :infinity ->
+        :infinity
+
+      count when is_integer(count) and count > 0 ->
+        count
+
+      other ->
+        raise ArgumentError,
+              "expected :check_recompilation of :exla to be a positive integer or " <>
+                ":infinity, got: #{inspect(other)}"
+    end
+  end
+
+  @doc """
+  Counts a compilation of the function `key` for `vars` (its parameters)
+  into `expr`, and warns when it makes the count reach the threshold.
+  """
+  def compiled(key, vars, expr) when is_function(key) do
+    case threshold() do
+      :infinity -> :ok
+      threshold -> count(key, vars, expr, threshold)
+    end
+  end
+
+  defp count(key, vars, expr, threshold) do
+    if :ets.whereis(@table) != :undefined do
+      counter = digest({function_id(key), shapes(vars), shapes([expr])})
+      count = :ets.update_counter(@table, counter, 1, {counter, 0})
+      if count == threshold, do: warn(key, count)
+    end
+
+    :ok
+  end
+
+  # What a function captures may be large (a closure made in IEx or
+  # Livebook captures every binding): the table keeps a digest of it.
+  defp digest(counter),
+    do: :crypto.hash(:sha256, :erlang.term_to_binary(counter, [:deterministic]))
+
+  defp warn(key, count) do
+    Logger.warning(
+      "EXLA has compiled #{inspect(key)} #{count} times with the same input shapes. " <>
+        "A function that captures a tensor (a closure given to jit, defn or grad) is a new " <>
+        "function, compiled again, whenever the captured tensor changes: give the changing " <>
+        "tensors to it as arguments instead. (This warning comes from the " <>
+        ":check_recompilation setting of :exla.)"
+    )
+  end
+
+  # The code of the function and what it captures, tensors by type and
+  # shape and functions by their own code and captures.
+  defp function_id(fun) do
+    case Function.info(fun, :type) do
+      {:type, :external} ->
+        {:external, Function.info(fun, :module), Function.info(fun, :name), arity(fun)}
+
+      {:type, :local} ->
+        {:module, module} = Function.info(fun, :module)
+        {:new_index, index} = Function.info(fun, :new_index)
+        {:env, env} = Function.info(fun, :env)
+        {module, index, normalize(env)}
+    end
+  end
+
+  defp arity(fun), do: elem(Function.info(fun, :arity), 1)
+
+  # Of a list of containers.
+  defp shapes(containers) do
+    containers
+    |> Nx.Defn.Composite.flatten_list()
+    |> Enum.map(&{&1.type, &1.shape, &1.names, &1.vectorized_axes})
+  end
+
+  defp normalize(%Nx.Tensor{type: type, shape: shape}), do: {Nx.Tensor, type, shape}
+  # Nx wraps a function whose arguments include options or functions in a
+  # closure of its own, which captures the user's function.
+  defp normalize(fun) when is_function(fun), do: function_id(fun)
+  defp normalize([head | tail]), do: [normalize(head) | normalize(tail)]
+
+  defp normalize(tuple) when is_tuple(tuple),
+    do: tuple |> Tuple.to_list() |> Enum.map(&normalize/1) |> List.to_tuple()
+
+  defp normalize(map) when is_map(map) and not is_struct(map),
+    do: Map.new(map, fn {key, value} -> {normalize(key), normalize(value)} end)
+
+  defp normalize(other), do: other
+end
