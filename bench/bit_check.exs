@@ -9,7 +9,7 @@
 #     diff before.txt after.txt && echo same bits
 #
 # The last line (starting with `#`) is the time the plugin spent compiling
-# the corpus (`:xla_compile_time` of `[:exla, :compilation]`), not part of
+# the corpus (`:xla_compile_time` of `[:exla, :compilation, :details]`), not part of
 # the comparison (`diff -I '^#'`). The disk compile cache is off, so every
 # program is compiled. Inputs are fixed (Nx.Random with a fixed key, made
 # on Nx.BinaryBackend) and include negative values, zeros and values near
@@ -206,7 +206,13 @@ defmodule BitCheck do
 end
 
 xla_time = :counters.new(1, [])
-:telemetry.attach("bit-check", [:exla, :compilation], &BitCheck.count_compile/4, xla_time)
+
+:telemetry.attach(
+  "bit-check",
+  [:exla, :compilation, :details],
+  &BitCheck.count_compile/4,
+  xla_time
+)
 
 # CPU time of the whole OS process (all threads, the plugin's included), in
 # ms: a loaded machine disturbs it less than wall time.

@@ -89,7 +89,7 @@ defmodule FirstCallBench do
     {params, x, y} = CompilerBench.MLP.pattern_inputs(EXLA.Backend)
     parent = self()
     handler = fn _, m, meta, _ -> send(parent, {:compilation, m, meta}) end
-    :telemetry.attach("first-call", [:exla, :compilation], handler, nil)
+    :telemetry.attach("first-call", [:exla, :compilation, :details], handler, nil)
 
     cpu = cpu_us()
     start = System.monotonic_time(:microsecond)

@@ -29,7 +29,7 @@
 # It prints each case's suite time (from the test helper's start to the end
 # of the suite), the ratio to the reference measured in the same run, the
 # size of the cache directory, and the split of EXLA's compiles (from
-# `[:exla, :compilation]`): per kind (jit, EXLA.Backend) and disk cache
+# `[:exla, :compilation, :details]`): per kind (jit, EXLA.Backend) and disk cache
 # status, how many and the seconds of tracing, lowering, the plugin's
 # compile and the disk cache, and the eager operations whose compiles took
 # the most time. Compiles of concurrent tests overlap, so the sums can

@@ -9,21 +9,21 @@
 #     defaults) or `reference` (Nx.BinaryBackend and Nx.Defn.Evaluator);
 #   * EXLA_BENCH_CACHE - `off` (no disk compile cache) or a directory for it;
 #   * EXLA_BENCH_OUT - a file that receives, after the suite, the suite's
-#     wall time and the sums of the `[:exla, :compilation]` measurements per
+#     wall time and the sums of the `[:exla, :compilation, :details]` measurements per
 #     kind of program (and, for the eager operations XLA compiled, per
 #     operation), as an Erlang term.
 Application.ensure_all_started(:exla)
 
 defmodule ClientBench.Collector do
   @moduledoc false
-  # Sums the measurements of every [:exla, :compilation] event, per kind
+  # Sums the measurements of every [:exla, :compilation, :details] event, per kind
   # of program and disk-cache status, in an ETS table (tests run
   # concurrently).
   @table __MODULE__
 
   def start do
     :ets.new(@table, [:named_table, :public, :set, write_concurrency: true])
-    :telemetry.attach("client-bench", [:exla, :compilation], &__MODULE__.handle/4, nil)
+    :telemetry.attach("client-bench", [:exla, :compilation, :details], &__MODULE__.handle/4, nil)
   end
 
   def handle(_event, measurements, metadata, _config) do
