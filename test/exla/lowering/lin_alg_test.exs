@@ -80,6 +80,24 @@ defmodule EXLA.Lowering.LinAlgTest do
     assert_same(fun, [x], atol: 1.0e-5)
   end
 
+  # Nx.BinaryBackend's fft along an axis before the last two of a rank-3
+  # tensor misplaces its results (it moves the axis last and swaps it back),
+  # so the reference here transforms the last axis of a transposed copy.
+  test "fft and ifft along each axis of a rank-3 tensor" do
+    x = Nx.iota({3, 2, 5}, type: :f32) |> Nx.multiply(Nx.iota({3, 2, 5}) |> Nx.remainder(3))
+
+    for fun <- [&Nx.fft/2, &Nx.ifft/2], axis <- [0, 1, 2], length <- [2, 5, 7] do
+      opts = [axis: axis, length: length]
+      perm = List.delete([0, 1, 2], axis) ++ [axis]
+      back = Enum.map(0..2, fn i -> Enum.find_index(perm, &(&1 == i)) end)
+      moved = Nx.transpose(Nx.backend_copy(x, Nx.BinaryBackend), axes: perm)
+      expected = Nx.transpose(fun.(moved, axis: 2, length: length), axes: back)
+      actual = EXLA.jit(&fun.(&1, opts)).(x) |> Nx.backend_copy(Nx.BinaryBackend)
+      assert Nx.shape(actual) == Nx.shape(expected)
+      assert Nx.all_close(actual, expected, atol: 1.0e-4, rtol: 1.0e-4) |> Nx.to_number() == 1
+    end
+  end
+
   test "triangular_solve" do
     a = Nx.tensor([[2.0, 0.0, 0.0], [1.0, 3.0, 0.0], [-1.0, 2.0, 4.0]])
     b = Nx.tensor([[1.0, 2.0], [3.0, 4.0], [5.0, 6.0]])

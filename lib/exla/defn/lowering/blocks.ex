@@ -12,7 +12,8 @@ defmodule EXLA.Defn.Lowering.Blocks do
   #   * take and take_along_axis - one gather each, as the `:take` and
   #     `:take_along_axis` nodes of Nx 0.7 (`EXLA.Defn.Lowering.Structure`);
   #   * top_k - `chlo.top_k`;
-  #   * rfft - one real-input `stablehlo.fft`.
+  #   * rfft, irfft, fft2 and ifft2 - one `stablehlo.fft` each (Nx's
+  #     defaults chain complex FFTs, mirror spectra and slice).
   #
   # Any other `:block` struct goes to `EXLA.CustomCall.call/4`: a custom
   # call when an implementation for the struct gives one, and otherwise
@@ -51,7 +52,29 @@ defmodule EXLA.Defn.Lowering.Blocks do
     # keeps its first half.
     defp lower_block(%{__struct__: Nx.Block.RFFT, length: n, axis: axis}, [x | _], _, t, b) do
       {x, b} = lower_as(x, EXLA.MLIR.Type.complex_part(t.type), b)
-      EXLA.Defn.Lowering.LinAlg.fft_along(b, x, "RFFT", axis, n, t.type)
+      EXLA.Defn.Lowering.LinAlg.fft_along(b, x, "RFFT", [axis], [n], t.type)
+    end
+
+    # One two-dimensional FFT, where Nx's default chains two FFTs.
+    defp lower_block(%{__struct__: s, lengths: lengths, axes: axes}, [x | _], _, t, b)
+         when s in [Nx.Block.FFT2, Nx.Block.IFFT2] do
+      {x, b} = lower_as(x, t.type, b)
+      kind = if s == Nx.Block.FFT2, do: "FFT", else: "IFFT"
+      EXLA.Defn.Lowering.LinAlg.fft_along(b, x, kind, axes, lengths, t.type)
+    end
+
+    # One complex-to-real FFT of the one-sided spectrum, where Nx's default
+    # mirrors it into the full spectrum and takes the real part of its
+    # inverse FFT. Both ignore the imaginary parts of the DC and Nyquist
+    # terms: the real part drops their contribution. The transform runs in
+    # the complex type of the output's precision (c128 for f64, else c64)
+    # and its result is converted to the output's type.
+    defp lower_block(%{__struct__: Nx.Block.IRFFT, length: n, axis: axis}, [x | _], _, t, b) do
+      complex = Nx.Type.to_complex(t.type)
+      {x, b} = lower_as(x, complex, b)
+      real = EXLA.MLIR.Type.complex_part(complex)
+      {x, b} = EXLA.Defn.Lowering.LinAlg.fft_along(b, x, "IRFFT", [axis], [n], real)
+      Ops.convert(b, x, t.type)
     end
 
     defp lower_block(%{__struct__: Nx.Block.TopK, k: k}, [tensor | _], {values, indices}, _t, b),

@@ -45,7 +45,7 @@ defmodule EXLA.Defn.Lowering.LinAlg do
     {_, in_dims} = x.type
     axis = opts[:axis] || tuple_size(in_dims) - 1
     n = opts[:length] || elem(in_dims, axis)
-    fft_along(b, x, if(op == :fft, do: "FFT", else: "IFFT"), axis, n, t.type)
+    fft_along(b, x, if(op == :fft, do: "FFT", else: "IFFT"), [axis], [n], t.type)
   end
 
   def lower(:triangular_solve, %T{data: %Expr{args: [a, x, opts]}} = t, b) do
@@ -102,37 +102,72 @@ defmodule EXLA.Defn.Lowering.LinAlg do
   end
 
   @doc false
-  # A stablehlo.fft of `kind` ("FFT", "IFFT", "RFFT") along `axis` of `x`,
-  # which is first cut or padded with zeros to `n` elements along it; the
-  # result has the element type `elem` (complex for RFFT, of n/2+1 elements
-  # along the axis).
-  def fft_along(b, x, kind, axis, n, elem) do
-    {x_elem, in_dims} = x.type
+  # A stablehlo.fft of `kind` ("FFT", "IFFT", "RFFT", "IRFFT") over `axes`
+  # of `x` (one or two), with `lengths` the length of the transform along
+  # each. stablehlo.fft transforms the trailing dimensions, so the axes are
+  # moved last (in the order given) and back. The input is first cut or
+  # padded with zeros along each axis to what the transform reads: the
+  # length itself, except along the last axis of an IRFFT, which reads the
+  # n/2+1 elements of a one-sided spectrum. The result has the element type
+  # `elem` and, along the last axis, n/2+1 elements for RFFT and n for
+  # IRFFT.
+  def fft_along(b, x, kind, axes, lengths, elem) do
+    {_, in_dims} = x.type
     rank = tuple_size(in_dims)
-    last = rank - 1
-    perm = Enum.to_list(0..last) |> List.replace_at(axis, last) |> List.replace_at(last, axis)
-    {x, b} = if axis == last, do: {x, b}, else: Ops.transpose(b, x, perm)
+    perm = (Enum.to_list(0..(rank - 1)) -- axes) ++ axes
+    {x, b} = transpose(b, x, perm)
+    {x, b} = fit(b, x, read(kind, lengths))
     {_, dims} = x.type
-    size = elem(dims, last)
+    n = List.last(lengths)
 
-    {x, b} =
-      cond do
-        size < n ->
-          {zero, b} = const(b, x_elem, 0)
-          zeros = List.duplicate(0, rank)
-          Ops.pad(b, x, zero, zeros, List.replace_at(zeros, last, n - size), zeros)
-
-        size > n ->
-          limits = dims |> put_elem(last, n) |> Tuple.to_list()
-          Ops.slice(b, x, List.duplicate(0, rank), limits, List.duplicate(1, rank))
-
-        true ->
-          {x, b}
+    out_dims =
+      case kind do
+        "RFFT" -> put_elem(dims, rank - 1, div(n, 2) + 1)
+        "IRFFT" -> put_elem(dims, rank - 1, n)
+        _ -> dims
       end
 
-    {_, dims} = x.type
-    out_dims = if kind == "RFFT", do: put_elem(dims, last, div(n, 2) + 1), else: dims
-    {x, b} = Ops.fft(b, x, kind, [n], {elem, out_dims})
-    if axis == last, do: {x, b}, else: Ops.transpose(b, x, perm)
+    {x, b} = Ops.fft(b, x, kind, lengths, {elem, out_dims})
+    transpose(b, x, inverse(perm))
+  end
+
+  # How many elements along each transformed axis the fft reads.
+  defp read("IRFFT", lengths) do
+    {init, [n]} = Enum.split(lengths, -1)
+    init ++ [div(n, 2) + 1]
+  end
+
+  defp read(_kind, lengths), do: lengths
+
+  # Cuts (one slice) then pads with zeros (one pad) the trailing axes of `x`
+  # to the sizes in `targets`.
+  defp fit(b, %{type: {x_elem, dims}} = x, targets) do
+    rank = tuple_size(dims)
+    {lead, sizes} = Enum.split(Tuple.to_list(dims), rank - length(targets))
+    zeros = List.duplicate(0, rank)
+    kept = Enum.zip_with(sizes, targets, &min/2)
+
+    {x, b} =
+      if kept == sizes do
+        {x, b}
+      else
+        Ops.slice(b, x, zeros, lead ++ kept, List.duplicate(1, rank))
+      end
+
+    if kept == targets do
+      {x, b}
+    else
+      {zero, b} = const(b, x_elem, 0)
+      high = Enum.map(lead, fn _ -> 0 end) ++ Enum.zip_with(kept, targets, &(&2 - &1))
+      Ops.pad(b, x, zero, zeros, high, zeros)
+    end
+  end
+
+  defp transpose(b, x, perm) do
+    if perm == Enum.sort(perm), do: {x, b}, else: Ops.transpose(b, x, perm)
+  end
+
+  defp inverse(perm) do
+    perm |> Enum.with_index() |> Enum.sort() |> Enum.map(&elem(&1, 1))
   end
 end
