@@ -356,6 +356,13 @@ module {
         "{error}"
     );
     assert!(error.to_string().contains("C++ exception"), "{error}");
+    // A plugin with its own C++ runtime (zml's builds) is caught by the
+    // frame that catches any exception, which can only name its type.
+    assert_eq!(
+        error.to_string().contains("its own C++ runtime"),
+        client.plugin().has_own_unwinder(),
+        "{error}"
+    );
     let exe = compile(&client, ADD, vec![f32_shape(&[3]), f32_shape(&[3])]);
     let a = upload(&client, &[1.0, 2.0, 3.0]);
     let out = exe.execute(&[&a, &a], &[]).unwrap();
