@@ -9,6 +9,15 @@ defmodule EXLA.PluginTest do
 
   doctest EXLA.Plugin
 
+  # These tests find the plugins of the cache and of Python environments: a
+  # plugin given by the environment (as when the suite runs on another
+  # plugin) is set aside while they run.
+  setup do
+    given = System.get_env("EXLA_PJRT_PLUGIN_HOST")
+    System.delete_env("EXLA_PJRT_PLUGIN_HOST")
+    on_exit(fn -> if given, do: System.put_env("EXLA_PJRT_PLUGIN_HOST", given) end)
+  end
+
   @member "xla_plugins/xla_cpu_pjrt/xla_cpu_pjrt.so"
   @wheels [
     "xla_cpu_pjrt-0.0.1-py3-none-manylinux_2_27_x86_64.whl",
