@@ -21,12 +21,16 @@
 # A workload is prepared on every plugin (compiled, run twice), then runs
 # in rounds; each round runs it once on each plugin, in a shuffled order,
 # so the plugins see the same machine load. The table gives each plugin's
-# median over the rounds and its ratio to the default plugin's median, and
-# the 1-minute load average seen during the workload (min–max).
+# medians over the rounds of the wall time and of the CPU time (all the
+# VM's threads, the plugin's pools included: on a machine others share it
+# moves less than wall time), their ratios to the default plugin's, and the
+# 1-minute load average seen during the workload (min–max). Idle schedulers
+# should not spin, or their spinning counts as CPU time:
 #
-#     MIX_ENV=prod mix run bench/cpu_plugins_bench.exs
+#     ELIXIR_ERL_OPTIONS="+sbwt none +sbwtdcpu none +sbwtdio none" \
+#       MIX_ENV=prod mix run bench/cpu_plugins_bench.exs
 #
-# Environment: BENCH_ROUNDS (default 7), BENCH_QUICK=1 (tiny models, for a
+# Environment: BENCH_ROUNDS (default 5), BENCH_QUICK=1 (tiny models, for a
 # check), BENCH_PLUGINS (comma-separated names, default: every known plugin
 # with a wheel for this machine), BENCH_OUT (also write the table there).
 Code.require_file("support/mlp.exs", __DIR__)
@@ -130,6 +134,27 @@ defmodule CpuPluginsBench do
 
   def load, do: File.read!("/proc/loadavg") |> String.split() |> hd() |> String.to_float()
 
+  @doc """
+  Runs `fun`: `{wall seconds, CPU seconds}`, each divided by `n`. The CPU
+  time is that of all the VM's threads (the plugin's thread pools
+  included), from each thread's scheduler statistics.
+  """
+  def measure(n \\ 1, fun) do
+    {cpu, start} = {cpu(), now()}
+    fun.()
+    {(now() - start) / n, (cpu() - cpu) / n}
+  end
+
+  defp cpu do
+    nanoseconds =
+      for task <- File.ls!("/proc/self/task"),
+          {:ok, stat} <- [File.read("/proc/self/task/#{task}/schedstat")],
+          reduce: 0,
+          do: (acc -> acc + String.to_integer(hd(String.split(stat))))
+
+    nanoseconds / 1.0e9
+  end
+
   ## Plugins and their clients
 
   def plugins do
@@ -172,15 +197,10 @@ defmodule CpuPluginsBench do
 
   def on(tensor, client), do: Nx.backend_copy(tensor, {EXLA.Backend, client: client})
 
-  # Runs `fun` once, and returns a function that times a call of it.
+  # Runs `fun` once, and returns a function that measures a call of it.
   defp timed(fun) do
     fun.()
-
-    fn ->
-      start = now()
-      fun.()
-      now() - start
-    end
+    fn -> measure(fun) end
   end
 
   ## Workloads: each returns, for one plugin's client, a function that runs
@@ -190,13 +210,8 @@ defmodule CpuPluginsBench do
     x = on(Nx.iota({16}, type: :f32), client)
     fun = EXLA.jit(fn x -> Nx.add(x, 1) end, client: client)
     for _ <- 1..200, do: Nx.to_binary(fun.(x))
-    n = 2000
-
-    fn ->
-      start = now()
-      for _ <- 1..n, do: Nx.to_binary(fun.(x))
-      (now() - start) / n
-    end
+    n = 20_000
+    fn -> measure(n, fn -> for _ <- 1..n, do: Nx.to_binary(fun.(x)) end) end
   end
 
   def mlp(client, _s) do
@@ -224,10 +239,10 @@ defmodule CpuPluginsBench do
     Nx.to_binary(elem(step.(params, x, y), 1))
 
     fn ->
-      start = now()
-      {_, loss} = Enum.reduce(1..n, {params, nil}, fn _, {p, _} -> step.(p, x, y) end)
-      Nx.to_binary(loss)
-      (now() - start) / n
+      measure(n, fn ->
+        {_, loss} = Enum.reduce(1..n, {params, nil}, fn _, {p, _} -> step.(p, x, y) end)
+        Nx.to_binary(loss)
+      end)
     end
   end
 
@@ -280,10 +295,11 @@ defmodule CpuPluginsBench do
     fn ->
       c = :rand.uniform()
       step = fn p, x, y -> CompilerBench.MLP.step(p, Nx.multiply(x, c), y) end
-      start = now()
-      {_, loss} = EXLA.jit(step, client: client, cache: false).(params, x, y)
-      Nx.to_number(loss)
-      now() - start
+
+      measure(fn ->
+        {_, loss} = EXLA.jit(step, client: client, cache: false).(params, x, y)
+        Nx.to_number(loss)
+      end)
     end
   end
 
@@ -295,13 +311,12 @@ defmodule CpuPluginsBench do
 
     fn ->
       c = :rand.uniform()
-      start = now()
 
-      for {fun, x} <- programs do
-        Nx.to_binary(EXLA.jit(&fun.(&1, c), client: client, cache: false).(x))
-      end
-
-      now() - start
+      measure(fn ->
+        for {fun, x} <- programs do
+          Nx.to_binary(EXLA.jit(&fun.(&1, c), client: client, cache: false).(x))
+        end
+      end)
     end
   end
 
@@ -317,7 +332,7 @@ defmodule CpuPluginsBench do
 
   def main do
     quick? = System.get_env("BENCH_QUICK") in ["1", "true"]
-    rounds = String.to_integer(System.get_env("BENCH_ROUNDS") || "7")
+    rounds = String.to_integer(System.get_env("BENCH_ROUNDS") || "5")
     s = %{quick: quick?}
     # Every program is compiled, none loaded from the disk cache.
     Application.put_env(:exla, :cache_dir, false)
@@ -347,7 +362,11 @@ defmodule CpuPluginsBench do
             {times, [load() | loads]}
           end)
 
-        medians = Map.new(times, fn {name, list} -> {name, median(list)} end)
+        medians =
+          Map.new(times, fn {name, list} ->
+            {name, {median(Enum.map(list, &elem(&1, 0))), median(Enum.map(list, &elem(&1, 1)))}}
+          end)
+
         :erlang.garbage_collect()
         row = {title, unit, medians, Enum.min_max(loads)}
         IO.puts(format_row(row, names) <> " (#{round(now() - started)} s)")
@@ -370,22 +389,32 @@ defmodule CpuPluginsBench do
 
   defp value(seconds, :ms), do: :erlang.float_to_binary(seconds * 1.0e3, decimals: 1) <> " ms"
 
+  # A cell: wall time, CPU time, and for the other plugins both as ratios
+  # to the default's.
   defp format_row({title, unit, medians, {low, high}}, [default | _] = names) do
-    cells = Enum.map(names, &value(medians[&1], unit))
+    {default_wall, default_cpu} = medians[default]
 
-    ratios =
-      for name <- tl(names),
-          do: :erlang.float_to_binary(medians[name] / medians[default], decimals: 2)
+    cells =
+      for name <- names do
+        {wall, cpu} = medians[name]
+        cell = "#{value(wall, unit)}, CPU #{value(cpu, unit)}"
 
-    "| #{Enum.join([title | cells] ++ ratios, " | ")} | #{low}–#{high} |"
+        if name == default,
+          do: cell,
+          else: cell <> " (#{ratio(wall, default_wall)}, #{ratio(cpu, default_cpu)})"
+      end
+
+    "| #{Enum.join([title | cells], " | ")} | #{low}–#{high} |"
   end
 
-  defp table(rows, [default | others] = names, rounds) do
-    header =
-      "| workload (median of #{rounds} rounds) | " <>
-        Enum.join(names ++ Enum.map(others, &"#{&1} / #{default}") ++ ["load"], " | ") <> " |"
+  defp ratio(value, default), do: :erlang.float_to_binary(value / default, decimals: 2) <> "×"
 
-    separator = "|" <> String.duplicate(" --- |", 2 * length(names) + 1)
+  defp table(rows, names, rounds) do
+    header =
+      "| workload (median of #{rounds} rounds; wall, CPU) | " <>
+        Enum.join(names ++ ["load"], " | ") <> " |"
+
+    separator = "|" <> String.duplicate(" --- |", length(names) + 2)
     Enum.join([header, separator | Enum.map(rows, &format_row(&1, names))], "\n") <> "\n"
   end
 end
