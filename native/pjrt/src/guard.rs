@@ -28,6 +28,22 @@ extern "C" {
         what: *mut c_char,
         capacity: usize,
     ) -> c_int;
+    fn pjrt_guard_isolate(symbol: *const c_void) -> c_int;
+}
+
+/// Whether the loaded plugin holding `symbol` unwinds with an unwinder of its
+/// own (a C++ runtime linked in statically), whose exceptions the shim's
+/// catch cannot see. Its calls are then made through a frame that catches
+/// any exception (`cpp/guard.cc`, on Linux x86_64; elsewhere such a plugin
+/// is called as the others are, and an exception it throws ends the
+/// process). Errors when the plugin's code cannot be found.
+pub(crate) fn isolate(symbol: *const c_void) -> std::result::Result<bool, String> {
+    // SAFETY: the shim only looks `symbol` up among the loaded objects.
+    match unsafe { pjrt_guard_isolate(symbol) } {
+        1 => Ok(true),
+        0 => Ok(false),
+        _ => Err("its code could not be found among the loaded libraries".into()),
+    }
 }
 
 /// Room for the message of a caught exception.
@@ -150,6 +166,64 @@ mod tests {
                 what: "std::bad_alloc".into()
             })
         );
+    }
+
+    // The frame that catches the exceptions of plugins with their own
+    // unwinder catches any other, here libstdc++'s through the process's
+    // unwinder, and frees it.
+    #[cfg(all(target_os = "linux", target_env = "gnu", target_arch = "x86_64"))]
+    #[test]
+    fn the_isolated_path_turns_an_exception_into_an_error() {
+        extern "C" {
+            #[link_name = "_ZSt17__throw_bad_allocv"]
+            fn throw_bad_alloc(_: *mut c_void);
+            fn pjrt_guard_call_isolated(
+                f: *const c_void,
+                args: *mut c_void,
+                result: *mut *mut c_void,
+                what: *mut c_char,
+                capacity: usize,
+            ) -> c_int;
+        }
+        let call = |f: *const c_void, args: *mut c_void| {
+            let mut result = std::ptr::null_mut();
+            let mut what = What::uninit();
+            let status = unsafe {
+                pjrt_guard_call_isolated(
+                    f,
+                    args,
+                    &mut result,
+                    what.as_mut_ptr().cast(),
+                    WHAT_CAPACITY,
+                )
+            };
+            unsafe { outcome(status, "isolated", &what, result) }
+        };
+        for _ in 0..3 {
+            let error = call(throw_bad_alloc as *const c_void, std::ptr::null_mut());
+            assert_eq!(
+                error,
+                Err(Error::PluginException {
+                    function: "isolated",
+                    what: "an exception thrown by a plugin with its own C++ runtime \
+                           (its message cannot be read) of type std::bad_alloc"
+                        .into()
+                })
+            );
+        }
+        let mut value = 21;
+        let out = call(double as *const c_void, (&mut value as *mut i32).cast()).unwrap();
+        assert_eq!(value, 42);
+        assert_eq!(out, (&mut value as *mut i32).cast());
+    }
+
+    #[test]
+    fn a_plugin_on_the_process_unwinder_is_not_isolated() {
+        extern "C" {
+            #[link_name = "_ZSt17__throw_bad_allocv"]
+            fn throw_bad_alloc(_: *mut c_void);
+        }
+        assert_eq!(isolate(throw_bad_alloc as *const c_void), Ok(false));
     }
 
     #[test]

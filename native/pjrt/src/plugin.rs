@@ -18,6 +18,8 @@ pub struct Plugin {
     api: *const PJRT_Api,
     path: PathBuf,
     version: (i32, i32),
+    /// Whether it unwinds with a C++ runtime of its own (see `guard::isolate`).
+    own_unwinder: bool,
 }
 
 // SAFETY: the function table is immutable after GetPjrtApi returns and PJRT
@@ -96,6 +98,8 @@ impl Plugin {
         // SAFETY: the symbol has the signature the PJRT C API defines.
         let get_api = unsafe { library.get::<ffi::GetPjrtApiFn>(b"GetPjrtApi\0") }
             .map_err(|_| load_error("it does not export GetPjrtApi: not a PJRT plugin".into()))?;
+        let own_unwinder =
+            guard::isolate(*get_api as *const std::ffi::c_void).map_err(load_error)?;
         // SAFETY: GetPjrtApi takes no arguments and returns a static table.
         let api = unsafe { guard::get_api(*get_api) }?;
         // Keep the library mapped forever (see `Plugin`).
@@ -107,6 +111,7 @@ impl Plugin {
             api,
             path: path.to_path_buf(),
             version: Self::read_version(api, path)?,
+            own_unwinder,
         };
         plugin.initialize()?;
         Ok(plugin)
@@ -148,6 +153,13 @@ impl Plugin {
 
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// Whether the plugin carries its own C++ runtime and unwinder, so that
+    /// its calls go through the frame that catches their exceptions
+    /// (`guard::isolate`).
+    pub fn has_own_unwinder(&self) -> bool {
+        self.own_unwinder
     }
 
     /// The PJRT C API version the plugin implements.
@@ -287,6 +299,7 @@ mod tests {
             api: Box::leak(fake_api(0, 81, 64)),
             path: PathBuf::from("small.so"),
             version: (0, 81),
+            own_unwinder: false,
         };
         let slot: Option<unsafe extern "C" fn()> = Some(dummy);
         let offset = std::mem::offset_of!(PJRT_Api, PJRT_Client_Compile);

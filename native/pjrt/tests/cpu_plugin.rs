@@ -124,6 +124,28 @@ fn refuses_create_options_of_the_wrong_type() {
     assert!(matches!(result, Err(Error::InvalidArgument(_))));
 }
 
+// CPU plugins differ on names they do not know: lammps-jax-pjrt-cpu refuses
+// them, xla-cpu-pjrt and fastatomstruct-xla-cpu ignore them. Either is an
+// answer, never an abort, whatever the value's type.
+#[test]
+fn unknown_create_options_are_ignored_or_refused() {
+    let plugin = plugin();
+    for value in [
+        OptionValue::Int64(1),
+        OptionValue::String("x".into()),
+        OptionValue::Bool(true),
+        OptionValue::Float(0.5),
+    ] {
+        match Client::create(&plugin, &[("bogus_option".into(), value)]) {
+            Ok(client) => assert!(!client.devices().is_empty()),
+            Err(error) => {
+                assert!(error.is_argument_error(), "{error}");
+                assert!(error.to_string().contains("bogus_option"), "{error}");
+            }
+        }
+    }
+}
+
 #[test]
 fn loading_twice_returns_the_same_plugin() {
     assert!(Arc::ptr_eq(&plugin(), &plugin()));
@@ -356,6 +378,13 @@ module {
         "{error}"
     );
     assert!(error.to_string().contains("C++ exception"), "{error}");
+    // A plugin with its own C++ runtime (zml's builds) is caught by the
+    // frame that catches any exception, which can only name its type.
+    assert_eq!(
+        error.to_string().contains("its own C++ runtime"),
+        client.plugin().has_own_unwinder(),
+        "{error}"
+    );
     let exe = compile(&client, ADD, vec![f32_shape(&[3]), f32_shape(&[3])]);
     let a = upload(&client, &[1.0, 2.0, 3.0]);
     let out = exe.execute(&[&a, &a], &[]).unwrap();
