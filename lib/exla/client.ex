@@ -713,7 +713,10 @@ defmodule EXLA.Client do
     if device_count == 0 do
       raise RuntimeError,
             "the PJRT plugin #{path} of EXLA client #{inspect(name)} found no devices" <>
-              if(options[:device_type], do: " of type #{inspect(options[:device_type])}", else: "")
+              if(options[:device_type],
+                do: " of type #{inspect(options[:device_type])}",
+                else: ""
+              )
     end
 
     default_device_id = options[:default_device_id]
