@@ -2,6 +2,10 @@ defmodule EXLA.DonationTest do
   # Uses a client of its own, with two devices (changes :clients).
   use ExUnit.Case, async: false
 
+  # Streams exist on Nx 0.7 only (Nx 0.10 removed them); these tests are
+  # excluded on the other lines, where the calls below are undefined.
+  @compile {:no_warn_undefined, [{EXLA, :stream, 2}, {EXLA, :stream, 3}, Nx.Stream]}
+
   import Nx.Defn
 
   @client :donation_test

@@ -6,6 +6,10 @@ defmodule EXLA.GPUTest do
   # may allocate meanwhile.
   use ExUnit.Case, async: false
 
+  # Streams exist on Nx 0.7 only (Nx 0.10 removed them); these tests are
+  # excluded on the other lines, where the calls below are undefined.
+  @compile {:no_warn_undefined, [{EXLA, :stream, 2}, {EXLA, :stream, 3}, Nx.Stream]}
+
   @moduletag :cuda
   @moduletag timeout: 300_000
 

@@ -215,7 +215,7 @@ defmodule EXLA.PluginTest do
   # EXLA.Platform owns what each platform is.
   test "the default clients cover EXLA.Platform's platforms" do
     {:ok, [{:application, :exla, spec}]} =
-      :file.consult(Path.join(:code.lib_dir(:exla, :ebin), "exla.app"))
+      :file.consult(Application.app_dir(:exla, "ebin/exla.app"))
 
     env = spec[:env]
     platforms = for {_name, options} <- env[:clients], do: options[:platform]

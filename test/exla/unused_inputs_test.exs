@@ -3,6 +3,10 @@ defmodule EXLA.UnusedInputsTest do
   # transferred, and templates or lazy containers among them never built.
   use ExUnit.Case, async: true
 
+  # Streams exist on Nx 0.7 only (Nx 0.10 removed them); these tests are
+  # excluded on the other lines, where the calls below are undefined.
+  @compile {:no_warn_undefined, [{EXLA, :stream, 2}, {EXLA, :stream, 3}, Nx.Stream]}
+
   import Nx.Defn
 
   alias EXLA.Test.LazyLoader

@@ -6,6 +6,10 @@ defmodule EXLA.Distributed.RemoteResourcesTest do
   # so none of these can take the VM down.
   use ExUnit.Case, async: false
 
+  # Nx.map/2 exists on Nx 0.7 only; the test that calls it is excluded on
+  # the other lines, where it is undefined.
+  @compile {:no_warn_undefined, [{Nx, :map, 2}]}
+
   alias EXLA.{DeviceBuffer, Executable, TestPeer}
 
   @moduletag :distributed

@@ -160,9 +160,7 @@ defmodule EXLA.Lowering.ElementWiseTest do
       @type_ type
       test "integer arithmetic on #{inspect(type)}" do
         type = @type_
-        {kind, _} = type
-        a0 = if kind == :s, do: [-7, -3, 0, 5, 9, 100], else: [7, 3, 0, 5, 9, 100]
-        a = Nx.tensor(a0, type: type)
+        a = Nx.tensor(int_operands(type), type: type)
         b = Nx.tensor([2, 3, 5, 1, 4, 7], type: type)
         s = Nx.tensor([0, 1, 2, 3, 1, 2], type: type)
 
@@ -345,4 +343,8 @@ defmodule EXLA.Lowering.ElementWiseTest do
       assert_same(fn a -> {Nx.clip(a, 2, 4.5), Nx.clip(Nx.as_type(a, :s32), 2, 4)} end, [a])
     end
   end
+
+  # Negative operands only where the type has them.
+  defp int_operands({:s, _}), do: [-7, -3, 0, 5, 9, 100]
+  defp int_operands({:u, _}), do: [7, 3, 0, 5, 9, 100]
 end

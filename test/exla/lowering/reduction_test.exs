@@ -1,6 +1,10 @@
 defmodule EXLA.Lowering.ReductionTest do
   use EXLA.LoweringCase, async: true
 
+  # Nx.map/2 exists on Nx 0.7 only; the test that calls it is excluded on
+  # the other lines, where it is undefined.
+  @compile {:no_warn_undefined, [{Nx, :map, 2}]}
+
   @t Nx.tensor([
        [[3.0, -1.0, 2.5, 0.0], [1.0, 7.0, -2.0, 4.0], [2.0, 2.0, -5.0, 6.0]],
        [[0.5, 1.5, 3.0, -1.0], [8.0, 0.0, 1.0, 1.0], [-3.0, 2.0, 2.0, 9.0]]
