@@ -258,7 +258,7 @@ defmodule EXLA.CompileCache do
               write_atomically(path, binary)
 
               if Usage.written?(dir, byte_size(binary), max_size),
-                do: Usage.scanned(dir, trim(dir, max_size))
+                do: Usage.scanned(dir, trim(dir, max_size, path))
             end
 
           {:file, _} ->
@@ -297,7 +297,12 @@ defmodule EXLA.CompileCache do
       EXLA.CompileCache.trim(EXLA.CompileCache.dir(), 100_000_000)
   """
   @spec trim(Path.t(), non_neg_integer()) :: non_neg_integer()
-  def trim(dir, max_size) do
+  def trim(dir, max_size), do: trim(dir, max_size, nil)
+
+  # File times have a resolution of one second, so the executable written
+  # last can tie with older ones: `newest` (the one just written) goes last
+  # whatever its time says.
+  defp trim(dir, max_size, newest) do
     now = System.os_time(:second)
 
     entries =
@@ -311,7 +316,7 @@ defmodule EXLA.CompileCache do
     total = entries |> Enum.map(fn {_mtime, size, _path} -> size end) |> Enum.sum()
 
     entries
-    |> Enum.sort()
+    |> Enum.sort_by(fn {mtime, size, path} -> {path == newest, mtime, size, path} end)
     |> Enum.reduce_while(total, fn {_mtime, size, path}, total ->
       if total > max_size do
         File.rm(path)

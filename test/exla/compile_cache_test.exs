@@ -305,12 +305,21 @@ defmodule EXLA.CompileCacheTest do
     assert File.exists?(path[1.0])
     refute File.exists?(path[2.0])
     assert File.exists?(three)
-    # Files written in the same second tie (mtimes are in seconds, and the
-    # tie goes by size and name): 1 is made the older one explicitly.
+    # Mtimes are in seconds, so files written in the same second tie; 1 is
+    # made the older one of 1 and 3 explicitly.
     File.touch!(path[1.0], 3_000_000)
     File.touch!(three, 4_000_000)
     assert {_, :miss} = CompileCache.compile(client, program(2.0), [], true)
     assert File.exists?(path[2.0])
+    refute File.exists?(path[1.0])
+    assert length(entries(dir)) == 2
+
+    # The file just written is never the one evicted, even when its time
+    # ties with the others' or is older (here they are an hour ahead).
+    later = System.os_time(:second) + 3600
+    for file <- [path[2.0], three], do: File.touch!(file, later)
+    [again] = new_entry.(1.0)
+    assert File.exists?(again)
     assert length(entries(dir)) == 2
 
     # A program larger than the whole cap is not written.
