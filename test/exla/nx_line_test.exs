@@ -313,6 +313,26 @@ defmodule EXLA.NxLineTest do
                  |> Nx.to_flat_list() == [2.0, 1.0]
         end
       end
+
+      @tag nx: :runtime_calls?
+      test "f8 types pass through host callbacks" do
+        parent = self()
+
+        for type <- [:f8, :f8_e4m3fn] do
+          x = Nx.tensor([1.0, -2.5, 0.125], type: type)
+
+          fun = fn x ->
+            x = Nx.Defn.Kernel.hook(x, &send(parent, {:hooked, &1}))
+            Nx.runtime_call(x, x, [], fn t, _ -> Nx.negate(t) end)
+          end
+
+          expected = Nx.Defn.jit(fun, compiler: Nx.Defn.Evaluator).(x)
+          assert_receive {:hooked, hooked}
+          assert Nx.type(expected) == Nx.Type.normalize!(type)
+          assert exla(fun, [x]) |> Nx.backend_copy() == expected
+          assert_receive {:hooked, ^hooked}
+        end
+      end
     end
 
     describe "Nx.Defn.shard_jit/3" do

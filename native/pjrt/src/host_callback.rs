@@ -524,6 +524,7 @@ unsafe fn make_error(api: *const XLA_FFI_Api_Head, message: &str) -> *mut XLA_FF
 fn element_size(dtype: c_int) -> std::result::Result<usize, String> {
     Ok(match dtype {
         1 | 2 | 6 => 1,       // pred, s8, u8
+        19 | 20 => 1,         // f8e5m2, f8e4m3fn
         3 | 7 | 10 | 16 => 2, // s16, u16, f16, bf16
         4 | 8 | 11 => 4,      // s32, u32, f32
         5 | 9 | 12 | 15 => 8, // s64, u64, f64, c64
