@@ -44,7 +44,8 @@ defmodule CumulativeBench do
   end
 
   defp row(op, shape, axis) do
-    x = Nx.iota(shape, type: :f32) |> Nx.divide(Nx.size(shape)) |> Nx.backend_transfer(EXLA.Backend)
+    x = Nx.iota(shape, type: :f32) |> Nx.divide(Nx.size(shape))
+    x = Nx.backend_transfer(x, EXLA.Backend)
     native = EXLA.jit(fn x -> window(op, x, axis) end)
     default = EXLA.jit(fn x -> apply(Nx, op, [x, [axis: axis]]) end)
 
@@ -95,7 +96,7 @@ defmodule CumulativeBench do
 
   defp median(list), do: list |> Enum.sort() |> Enum.at(div(length(list), 2))
 
-  defp wait(%Nx.Tensor{data: %EXLA.Backend{buffer: buffer}}), do: EXLA.DeviceBuffer.await([buffer])
+  defp wait(%Nx.Tensor{data: %EXLA.Backend{buffer: b}}), do: EXLA.DeviceBuffer.await([b])
 
   defp fmt(value, width),
     do: String.pad_leading(:erlang.float_to_binary(value / 1, decimals: 2), width)
