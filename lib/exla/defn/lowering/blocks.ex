@@ -24,11 +24,13 @@ defmodule EXLA.Defn.Lowering.Blocks do
   #
   #   * cumulative sum, product, min and max - Nx's associative scan. One
   #     `stablehlo.reduce_window` (window spanning the axis, JAX's lowering
-  #     on CPU and GPU) compiles 1.5 to 5 times faster from axes of 512,
-  #     but on the CPU plugin runs 1.4 to 5 times slower at every axis size
-  #     measured, 8 to 32768 (XLA:CPU rewrites the window into blocks of 16
-  #     reduced by scalar loops, where the scan's slices and pads fuse into
-  #     vectorized ones): bench/cumulative_bench.exs, bench/PERFORMANCE.md;
+  #     on CPU and GPU) compiles faster from axes of 512 (2 to 10 times for
+  #     sum, up to 5 for max), but on the CPU plugin it runs slower at every
+  #     axis size measured, 8 to 32768: 1.4 to 5 times on 19 of 20 inputs of
+  #     64K elements (XLA:CPU rewrites the window into windows of 16, each
+  #     element summed window by window, where the scan's slices, pads and
+  #     adds fuse into a few elementwise loops), so there is no size up to
+  #     which it wins (bench/cumulative_bench.exs, bench/PERFORMANCE.md);
   #   * all_close - the default is already one elementwise fusion and one
   #     reduction; a native lowering would emit the same ops. Its f64 for
   #     integer inputs is needed to give the same results: s8 -27 and -90
