@@ -208,6 +208,139 @@ defmodule EXLA.NxLineTest do
 
         close!(exla(fun, [t]), evaluator(fun, [t]), 1.0e-4)
       end
+
+      # Cumulative ops, all_close and eigh run Nx's default implementation
+      # (EXLA.Defn.Lowering.Blocks says why). Compiled, it must give what
+      # Nx.BinaryBackend gives, and EXLA.Backend's eager op the same bits as
+      # jit (one program, lowered the same way).
+      test "cumulative ops give Nx's results, in jit and eagerly" do
+        ops = [
+          &Nx.cumulative_sum/2,
+          &Nx.cumulative_product/2,
+          &Nx.cumulative_min/2,
+          &Nx.cumulative_max/2
+        ]
+
+        # small values, so that products stay exact in f16 and wrap in s8/u8
+        base = Nx.iota({2, 3, 4}) |> Nx.remainder(5) |> Nx.subtract(1)
+        size_one = Nx.tensor([[[2], [-1], [3]]])
+
+        for type <- [:s8, :u8, :s32, :s64, :u32, :f32, :f64, :f16, :bf16],
+            t <- [base, size_one],
+            fun <- ops,
+            axis <- [0, 1, 2, -1],
+            reverse <- [false, true] do
+          t = Nx.as_type(t, type)
+          opts = [axis: axis, reverse: reverse]
+          expected = fun.(t, opts)
+          jit = exla(&fun.(&1, opts), [t])
+          eager = fun.(Nx.backend_copy(t, EXLA.Backend), opts)
+          assert %EXLA.Backend{} = eager.data
+          assert jit.type == expected.type and jit.shape == expected.shape
+          assert Nx.backend_copy(eager) == Nx.backend_copy(jit)
+
+          if Nx.Type.integer?(jit.type) do
+            assert Nx.backend_copy(jit) == expected, "#{inspect(type)} #{inspect(opts)}"
+          else
+            close!(jit, expected, 1.0e-2)
+          end
+        end
+      end
+
+      test "integer cumulative products and sums wrap as in Nx" do
+        t = Nx.tensor([3, 5, 7, 11, -13], type: :s8)
+
+        for fun <- [&Nx.cumulative_product/2, &Nx.cumulative_sum/2], reverse <- [false, true] do
+          got = exla(&fun.(Nx.multiply(&1, 9), reverse: reverse), [t])
+          assert Nx.backend_copy(got) == fun.(Nx.multiply(t, 9), reverse: reverse)
+        end
+      end
+
+      test "cumulative min and max give NaN from the first NaN on, and keep infinities" do
+        t = Nx.tensor([[1.0, :nan, 3.0, :neg_infinity], [:infinity, 2.0, :nan, -1.0]])
+
+        for type <- [:f32, :f64, :f16, :bf16],
+            fun <- [&Nx.cumulative_min/2, &Nx.cumulative_max/2, &Nx.cumulative_sum/2],
+            axis <- [0, 1],
+            reverse <- [false, true] do
+          t = Nx.as_type(t, type)
+          opts = [axis: axis, reverse: reverse]
+          expected = fun.(t, opts)
+          jit = Nx.backend_copy(exla(&fun.(&1, opts), [t]))
+          assert Nx.to_flat_list(jit) == Nx.to_flat_list(expected), "#{inspect(opts)}"
+          eager = fun.(Nx.backend_copy(t, EXLA.Backend), opts)
+          assert Nx.to_flat_list(eager) == Nx.to_flat_list(expected)
+        end
+      end
+
+      test "complex cumulative sums and products" do
+        re = Nx.tensor([[1.0, 2.0, -0.5], [0.5, 1.5, 3.0]])
+        t = Nx.complex(re, Nx.reverse(re, axes: [1]))
+
+        for fun <- [&Nx.cumulative_sum/2, &Nx.cumulative_product/2],
+            type <- [:c64, :c128],
+            opts <- [[], [axis: 1], [axis: 1, reverse: true]] do
+          t = Nx.as_type(t, type)
+          close!(exla(&fun.(&1, opts), [t]), fun.(t, opts), 1.0e-5)
+          close!(fun.(Nx.backend_copy(t, EXLA.Backend), opts), fun.(t, opts), 1.0e-5)
+        end
+      end
+
+      test "vectorized cumulative ops run along the inner axes" do
+        t = Nx.iota({2, 3, 4}, type: :f32) |> Nx.subtract(7) |> Nx.vectorize(:batch)
+
+        for fun <- [&Nx.cumulative_sum/2, &Nx.cumulative_max/2],
+            opts <- [[], [axis: 1, reverse: true]] do
+          expected = fun.(t, opts)
+          jit = exla(&fun.(&1, opts), [t])
+          assert jit.vectorized_axes == [batch: 2]
+          assert Nx.backend_copy(jit) == expected
+          assert Nx.backend_copy(fun.(Nx.backend_copy(t, EXLA.Backend), opts)) == expected
+        end
+      end
+
+      test "all_close gives Nx's results, in jit and eagerly" do
+        s8 = &Nx.tensor(&1, type: :s8)
+        f32 = &Nx.tensor/1
+        inf = :infinity
+        ninf = :neg_infinity
+
+        cases = [
+          # |-128 - 127| wraps in s8; Nx widens |b| to f64 before rtol * |b|
+          {s8.([-128, 0]), s8.([127, 0]), []},
+          {s8.([127, -128]), s8.([127, -128]), []},
+          {s8.([-128]), s8.([-128]), [rtol: 0.0, atol: 0.0]},
+          # 0.7 * 90 is just below 63 in f64 (in f32 it would round to 63)
+          {s8.([-27]), s8.([-90]), [rtol: 0.7, atol: 0]},
+          {s8.([-27]), s8.([-90]), [rtol: 0.71, atol: 0]},
+          {Nx.tensor([2_000_000_000], type: :s32), Nx.tensor([-2_000_000_000], type: :s32), []},
+          {Nx.tensor([255, 0], type: :u8), Nx.tensor([0, 255], type: :u8), [atol: 255]},
+          {f32.([1.0, inf, ninf]), f32.([1.0, inf, ninf]), []},
+          {f32.([1.0, inf]), f32.([1.0, ninf]), []},
+          {f32.([inf]), f32.([1.0e38]), [atol: 1.0e39]},
+          {f32.([1.0, :nan]), f32.([1.0, :nan]), []},
+          {f32.([1.0, :nan]), f32.([1.0, :nan]), [equal_nan: true]},
+          {f32.([:nan, 1.0]), f32.([1.0, :nan]), [equal_nan: true]},
+          {f32.([1.0, 2.0]), f32.([1.0, 2.00001]), []},
+          {f32.([1.0, 2.0]), f32.([1.0, 2.1]), []},
+          {f32.([1.0, 2.0]), f32.([1.0, 2.1]), [atol: 0.5]},
+          {Nx.tensor([2.0], type: :f16), Nx.tensor([2.002], type: :f16), [rtol: 1.0e-2]},
+          {Nx.tensor([1, 2]), f32.([1.0, 2.0]), []},
+          {Nx.tensor([3, 2]), Nx.tensor([1.0, :nan], type: :f64), [equal_nan: true]},
+          {Nx.complex(f32.([1.0]), f32.([2.0])), Nx.complex(f32.([1.0]), f32.([2.0])), []}
+        ]
+
+        for {a, b, opts} <- cases do
+          expected = Nx.all_close(a, b, opts)
+          eager = Nx.all_close(Nx.backend_copy(a, EXLA.Backend), b, opts)
+          assert %EXLA.Backend{} = eager.data
+
+          for got <- [exla(&Nx.all_close(&1, &2, opts), [a, b]), eager] do
+            assert Nx.backend_copy(got) == expected,
+                   "#{inspect(a)} #{inspect(b)} #{inspect(opts)}"
+          end
+        end
+      end
     end
 
     test "stack, in jit and eagerly" do

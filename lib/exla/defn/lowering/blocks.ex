@@ -19,6 +19,26 @@ defmodule EXLA.Defn.Lowering.Blocks do
   # call when an implementation for the struct gives one, and otherwise
   # (`:skip`, the case of every struct without an implementation) Nx's
   # default implementation, lowered in its own scope on the block's inputs.
+  # Three of Nx's structs stay on their default because it does as well as
+  # a native lowering would:
+  #
+  #   * cumulative sum, product, min and max - Nx's associative scan. One
+  #     `stablehlo.reduce_window` (window spanning the axis, JAX's lowering
+  #     on CPU and GPU) compiles faster from axes of 512 (2 to 10 times for
+  #     sum, up to 5 for max), but on the CPU plugin it runs slower at every
+  #     axis size measured, 8 to 32768: 1.4 to 5 times on 19 of 20 inputs of
+  #     64K elements (XLA:CPU rewrites the window into windows of 16, each
+  #     element summed window by window, where the scan's slices, pads and
+  #     adds fuse into a few elementwise loops), so there is no size up to
+  #     which it wins (bench/cumulative_bench.exs, bench/PERFORMANCE.md);
+  #   * all_close - the default is already one elementwise fusion and one
+  #     reduction; a native lowering would emit the same ops. Its f64 for
+  #     integer inputs is needed to give the same results: s8 -27 and -90
+  #     are not close with `rtol: 0.7, atol: 0` (0.7 * 90 is just below 63
+  #     in f64), but would be in f32 (where it rounds to 63.0);
+  #   * eigh - Nx's default (a parallel Jacobi method on Nx 0.12/0.13), as
+  #     on Nx 0.7, where `:eigh` is an `:optional` node whose default is
+  #     lowered too.
 
   alias EXLA.MLIR.Ops
   alias Nx.Defn.Expr
