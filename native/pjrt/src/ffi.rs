@@ -691,7 +691,9 @@ pub struct PJRT_Api {
     >,
     pub PJRT_Buffer_CopyToMemory: Option<unsafe extern "C" fn()>,
     pub PJRT_Client_CreateViewOfDeviceBuffer: Option<
-        unsafe extern "C" fn(args: *mut PJRT_Client_CreateViewOfDeviceBuffer_Args) -> *mut PJRT_Error,
+        unsafe extern "C" fn(
+            args: *mut PJRT_Client_CreateViewOfDeviceBuffer_Args,
+        ) -> *mut PJRT_Error,
     >,
     pub PJRT_Executable_Fingerprint: Option<unsafe extern "C" fn()>,
     pub PJRT_Client_TopologyDescription: Option<unsafe extern "C" fn()>,
