@@ -346,7 +346,13 @@ impl Client {
         args.dims = shape.dims.as_ptr();
         args.num_dims = shape.dims.len();
         args.element_type = shape.element_type.code();
-        args.device = self.device_raw(device)?;
+        args.device = match self.device_raw(device) {
+            Ok(raw) => raw,
+            Err(error) => {
+                on_delete();
+                return Err(error);
+            }
+        };
         let user_arg = Box::into_raw(Box::new(on_delete));
         args.on_delete_callback = Some(run_on_delete);
         args.on_delete_callback_arg = user_arg.cast();
