@@ -6,11 +6,11 @@ defmodule EXLA.SmallTypesCallbacksTest do
   # what Nx.Defn.Evaluator gives on Nx.BinaryBackend.
   use ExUnit.Case, async: true
 
-  import ExUnit.CaptureIO
-
   @moduletag nx: :small_types?
 
   if EXLA.NxVersion.small_types?() do
+    import ExUnit.CaptureIO
+
     @types [s2: [-2, -1, 0, 1], s4: [-8, -3, 0, 7], u2: [0, 1, 2, 3], u4: [0, 5, 9, 15]]
 
     defp evaluator(fun, args), do: Nx.Defn.jit_apply(fun, args, compiler: Nx.Defn.Evaluator)
