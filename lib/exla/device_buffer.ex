@@ -88,8 +88,9 @@ defmodule EXLA.DeviceBuffer do
   the machine (`Nx.to_pointer(t, mode: :ipc)`): copies it into a new POSIX
   shared memory object whose permission bits are `permissions`, and
   returns `{name, byte_size}`. The object lives until the buffer is
-  deallocated, donated or garbage collected; processes that imported it
-  keep their mappings after that. Needs `/dev/shm` (Linux).
+  deallocated, donated or garbage collected, or this OS process exits
+  (a crash leaves it in `/dev/shm`); processes that imported it keep their
+  mappings after that. Needs `/dev/shm` (Linux).
   """
   def export_ipc(%__MODULE__{ref: ref}, permissions) when Remote.local?(ref) do
     NIF.unwrap!(NIF.buffer_export_ipc(ref, permissions))

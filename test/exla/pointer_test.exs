@@ -18,8 +18,9 @@ defmodule EXLA.PointerTest do
       do: Nx.from_pointer(EXLA.Backend, pointer, type, shape)
 
     # What the second process does: imports the handle it is given (a
-    # 2x3 s32 tensor), prints its sum, exports a tensor of its own, and
-    # frees that one when told to.
+    # 2x3 s32 tensor), prints its sum, exports two tensors of its own,
+    # frees the first when told to, and ends when told to, the second
+    # still alive.
     @child """
     [handle] = System.argv()
     {:ok, _} = Application.ensure_all_started(:exla)
@@ -28,10 +29,14 @@ defmodule EXLA.PointerTest do
     IO.puts("sum " <> Integer.to_string(Nx.to_number(Nx.sum(imported))))
     own = Nx.tensor([1.5, 2.5], backend: EXLA.Backend)
     IO.puts("export " <> Nx.to_pointer(own, mode: :ipc).handle)
+    kept = Nx.tensor([7], backend: EXLA.Backend)
+    IO.puts("kept " <> Nx.to_pointer(kept, mode: :ipc).handle)
+    # Alive when the VM halts, after this script.
+    {:ok, _} = Agent.start(fn -> kept end)
     "free\\n" = IO.read(:line)
     Nx.backend_deallocate(own)
     IO.puts("freed")
-    :eof = IO.read(:line)
+    "exit\\n" = IO.read(:line)
     """
 
     # Runs `script` in a second BEAM: the same Elixir and Erlang as this
@@ -77,6 +82,9 @@ defmodule EXLA.PointerTest do
       assert line(port) == "sum 21"
 
       "export " <> handle = line(port)
+      "kept " <> kept = line(port)
+      kept = %Nx.Pointer{kind: :ipc, handle: kept}
+      on_exit(fn -> File.rm(object(kept)) end)
       theirs = %Nx.Pointer{kind: :ipc, handle: handle, data_size: 8}
       on_exit(fn -> File.rm(object(theirs)) end)
       imported = import_ipc(theirs, :f32, {2})
@@ -94,7 +102,11 @@ defmodule EXLA.PointerTest do
         import_ipc(theirs, :f32, {2})
       end
 
-      Port.close(port)
+      # A process that ends with exports alive unlinks them as it exits.
+      assert File.exists?(object(kept))
+      Port.command(port, "exit\n")
+      assert_receive {^port, {:exit_status, 0}}, 60_000
+      refute File.exists?(object(kept))
       assert Nx.to_flat_list(t) == [1, 2, 3, 4, 5, 6]
     end
 

@@ -3,8 +3,9 @@
 //! object, named by the pointer's handle.
 //!
 //! Exporting copies the buffer into a new object, which lives until the
-//! exporting buffer is freed (deallocated, donated or collected): then its
-//! name goes away, and the memory with the last mapping of it. Importing
+//! exporting buffer is freed (deallocated, donated or collected) or the
+//! process exits: then its name goes away, and the memory with the last
+//! mapping of it. A crashed process leaves its objects behind. Importing
 //! maps the object and makes a buffer that is a view of those pages, not a
 //! copy: writes through one importer's mapping show through every other's.
 //!
@@ -17,6 +18,7 @@ use std::ffi::{c_int, c_void};
 use std::fs::File;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, Once};
 
 use rustler::ResourceArc;
 
@@ -55,13 +57,50 @@ fn object_path(handle: &str) -> NifResult<PathBuf> {
     Ok(shm_dir()?.join(handle))
 }
 
-/// An object this process exported, unlinked when dropped.
+/// An object this process exported, unlinked when dropped, or when the
+/// process exits first (the VM does not free resources when it halts).
 pub struct Export {
     path: PathBuf,
 }
 
+/// The objects of live exports, for `unlink_at_exit`.
+static LIVE: Mutex<Vec<PathBuf>> = Mutex::new(Vec::new());
+
+extern "C" {
+    // Registered by a shared library, it runs at exit or when the library
+    // is unloaded, whichever comes first.
+    fn atexit(f: extern "C" fn()) -> c_int;
+}
+
+extern "C" fn unlink_at_exit() {
+    // A thread that held the lock at exit may have left it poisoned or
+    // held: the objects then stay, as after a crash.
+    if let Ok(live) = LIVE.try_lock() {
+        for path in live.iter() {
+            let _ = std::fs::remove_file(path);
+        }
+    }
+}
+
+impl Export {
+    fn new(path: PathBuf) -> Export {
+        static AT_EXIT: Once = Once::new();
+        // SAFETY: registers a function of this library, which never panics.
+        AT_EXIT.call_once(|| unsafe {
+            atexit(unlink_at_exit);
+        });
+        live().push(path.clone());
+        Export { path }
+    }
+}
+
+fn live() -> std::sync::MutexGuard<'static, Vec<PathBuf>> {
+    LIVE.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 impl Drop for Export {
     fn drop(&mut self) {
+        live().retain(|path| path != &self.path);
         // Already gone if someone removed it by hand: nothing to undo.
         let _ = std::fs::remove_file(&self.path);
     }
@@ -159,7 +198,7 @@ fn buffer_export_ipc(
         .mode(0o600)
         .open(&path)
         .map_err(|e| io("create", e))?;
-    let export = Export { path };
+    let export = Export::new(path);
     file.set_len(size as u64).map_err(|e| io("size", e))?;
     if size > 0 {
         let mapping = Mapping::new(&file, size, true)?;
