@@ -47,6 +47,29 @@ defmodule EXLA.Backend do
   `Nx.backend_deallocate/1` frees the device memory at once; using the
   tensor afterwards raises an error.
 
+  ## Pointers (Nx 0.12 and later)
+
+  `Nx.to_pointer/2` takes these options:
+
+    * `:mode` - `:local` (the default) gives the address of the tensor's
+      buffer in this process, valid while the tensor is neither
+      deallocated nor donated. `:ipc` copies the tensor into a new POSIX
+      shared memory object (Linux, `/dev/shm`) and gives its name as the
+      pointer's `:handle`; the object lives until the tensor is freed or
+      the VM exits. Both need a tensor in this node's host memory: device
+      memory (CUDA IPC included) raises an `ArgumentError`.
+
+    * `:permissions` - the mode bits of an `:ipc` object, exactly (the
+      umask does not apply): an integer in `0..0o7777`, `0o400` (read for
+      the owner only) by default.
+
+  `Nx.from_pointer/5` takes `:client` and `:device_id` as backend options.
+  A `:local` pointer's memory is copied into a new tensor; an `:ipc`
+  pointer's object is mapped, by any process of the machine, as a tensor
+  that shares its pages, writable where the object's mode lets that
+  process write, else read-only (and then it cannot be donated). Only host
+  clients import `:ipc` pointers.
+
   ## Tensors of other nodes
 
   A tensor sent to another node of the cluster keeps its data on the node
