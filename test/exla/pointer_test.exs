@@ -207,7 +207,7 @@ defmodule EXLA.PointerTest do
                      import_ipc(%Nx.Pointer{kind: :ipc, handle: "exla:none"}, :f32, {3})
                    end
 
-      for handle <- ["", ".", "..", "../etc/passwd", "a/b", "a\0b"] do
+      for handle <- ["", "/", ".", "/..", "../etc/passwd", "a/b", "//a", "a\0b"] do
         assert_raise ArgumentError, ~r/invalid IPC handle/, fn ->
           import_ipc(%Nx.Pointer{kind: :ipc, handle: handle}, :f32, {3})
         end
@@ -231,6 +231,10 @@ defmodule EXLA.PointerTest do
       assert_raise ArgumentError, ~r/invalid :device_id 5/, fn ->
         Nx.from_pointer({EXLA.Backend, device_id: 5}, pointer, :f32, {3})
       end
+
+      # A leading slash, as shm_open(3) takes names, is the same name.
+      slashed = %{pointer | handle: "/" <> pointer.handle}
+      assert Nx.to_flat_list(import_ipc(slashed, :f32, {3})) == [1.0, 2.0, 3.0]
 
       # Nothing was lost: the tensor, its export and this VM go on.
       assert Nx.to_flat_list(import_ipc(pointer, :f32, {3})) == [1.0, 2.0, 3.0]

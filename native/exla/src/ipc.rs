@@ -42,8 +42,10 @@ fn shm_dir() -> NifResult<PathBuf> {
 }
 
 /// The path of the object named `handle`; a name is one path component,
-/// as `shm_open` takes it.
+/// with or without the leading slash `shm_open` takes (Python's
+/// `multiprocessing.shared_memory` names have one).
 fn object_path(handle: &str) -> NifResult<PathBuf> {
+    let handle = handle.strip_prefix('/').unwrap_or(handle);
     let bad = handle.is_empty()
         || handle == "."
         || handle == ".."
