@@ -47,6 +47,29 @@ defmodule EXLA.Backend do
   `Nx.backend_deallocate/1` frees the device memory at once; using the
   tensor afterwards raises an error.
 
+  ## Pointers (Nx 0.12 and later)
+
+  `Nx.to_pointer/2` takes these options:
+
+    * `:mode` - `:local` (the default) gives the address of the tensor's
+      buffer in this process, valid while the tensor is neither
+      deallocated nor donated. `:ipc` copies the tensor into a new POSIX
+      shared memory object (Linux, `/dev/shm`) and gives its name as the
+      pointer's `:handle`; the object lives until the tensor is freed or
+      the VM exits. Both need a tensor in this node's host memory: device
+      memory (CUDA IPC included) raises an `ArgumentError`.
+
+    * `:permissions` - the mode bits of an `:ipc` object, exactly (the
+      umask does not apply): an integer in `0..0o7777`, `0o400` (read for
+      the owner only) by default.
+
+  `Nx.from_pointer/5` takes `:client` and `:device_id` as backend options.
+  A `:local` pointer's memory is copied into a new tensor; an `:ipc`
+  pointer's object is mapped, by any process of the machine, as a tensor
+  that shares its pages, writable where the object's mode lets that
+  process write, else read-only (and then it cannot be donated). Only host
+  clients import `:ipc` pointers.
+
   ## Tensors of other nodes
 
   A tensor sent to another node of the cluster keeps its data on the node
@@ -323,40 +346,56 @@ defmodule EXLA.Backend do
       end)
     end
 
-    # Pointers (Nx 0.12 and later): `:local` pointers to host memory. A
-    # tensor's pointer is the address of its buffer, valid while the
-    # tensor's buffer is neither deallocated nor donated; a tensor from a
-    # pointer is a copy of the memory there, which the caller vouches for.
-    # IPC handles (`mode: :ipc`) and device memory are not supported.
+    # Pointers (Nx 0.12 and later), to tensors in host memory. A `:local`
+    # pointer is the address of the tensor's buffer, valid while the buffer
+    # is neither deallocated nor donated; a tensor from one is a copy of the
+    # memory there, which the caller vouches for. An `:ipc` pointer names a
+    # POSIX shared memory object holding a copy of the tensor, which any
+    # process of the machine may import while the exported tensor lives; a
+    # tensor from one is a view of that memory, not a copy (see
+    # EXLA.DeviceBuffer.export_ipc/2). Device memory (CUDA IPC) is not shared.
     @impl true
     def to_pointer(%T{data: %B{buffer: buffer}}, opts) do
-      opts = Keyword.validate!(opts, [:permissions, mode: :local])
+      opts = Keyword.validate!(opts, mode: :local, permissions: 0o400)
+      permissions = opts[:permissions]
 
-      if opts[:mode] != :local do
+      unless is_integer(permissions) and permissions in 0..0o7777 do
         raise ArgumentError,
-              "EXLA.Backend supports only :local pointers, got mode: #{inspect(opts[:mode])}"
+              ":permissions must be an integer in the range 0..0o7777 " <>
+                "(typically an octal literal like 0o400), got: #{inspect(permissions)}"
       end
 
-      case EXLA.DeviceBuffer.host_address(buffer) do
-        nil ->
-          raise ArgumentError,
-                "Nx.to_pointer/2 needs a tensor in host memory, got one on #{buffer.client_name}"
-
-        address ->
+      case opts[:mode] do
+        :local ->
+          address = EXLA.DeviceBuffer.host_address(buffer) || not_in_host_memory!(buffer, :local)
           size = EXLA.Shape.byte_size(buffer.shape)
           %Nx.Pointer{kind: :local, address: address, data_size: size, handle: nil}
+
+        :ipc ->
+          EXLA.DeviceBuffer.host_address(buffer) || not_in_host_memory!(buffer, :ipc)
+          {handle, size} = EXLA.DeviceBuffer.export_ipc(buffer, permissions)
+          %Nx.Pointer{kind: :ipc, address: nil, data_size: size, handle: handle}
+
+        mode ->
+          raise ArgumentError, "expected :mode to be one of :local, :ipc, got: #{inspect(mode)}"
       end
     end
 
+    defp not_in_host_memory!(buffer, mode) do
+      platform = EXLA.Client.fetch!(buffer.client_name).platform
+
+      raise ArgumentError,
+            "Nx.to_pointer/2 with mode: #{inspect(mode)} needs a tensor in this node's " <>
+              "host memory, got one on the #{inspect(buffer.client_name)} client " <>
+              "(platform #{inspect(platform)})" <> device_ipc_note(platform, mode)
+    end
+
+    defp device_ipc_note(:host, _mode), do: " of another node"
+    defp device_ipc_note(_platform, :ipc), do: ": EXLA does not share device memory (CUDA IPC)"
+    defp device_ipc_note(_platform, _mode), do: ""
+
     @impl true
-    def from_pointer(
-          %Nx.Pointer{kind: :local, address: address} = pointer,
-          type,
-          shape,
-          backend_opts,
-          opts
-        )
-        when is_integer(address) do
+    def from_pointer(%Nx.Pointer{} = pointer, type, shape, backend_opts, opts) do
       {client, device_id} = client_and_device!(backend_opts)
       exla_shape = EXLA.Shape.make_shape(type, shape)
       size = EXLA.Shape.byte_size(exla_shape)
@@ -367,14 +406,29 @@ defmodule EXLA.Backend do
                 "#{inspect(shape)} takes #{size}"
       end
 
-      buffer = EXLA.DeviceBuffer.from_address(address, exla_shape, client, device_id)
+      buffer =
+        case pointer do
+          %Nx.Pointer{kind: :local, address: address} when is_integer(address) and address >= 0 ->
+            EXLA.DeviceBuffer.from_address(address, exla_shape, client, device_id)
+
+          %Nx.Pointer{kind: :ipc, handle: handle} when is_binary(handle) ->
+            unless EXLA.Platform.cpu_name?(client.platform_name) do
+              raise ArgumentError,
+                    "Nx.from_pointer/5 with an :ipc pointer needs a client in host memory, " <>
+                      "got the #{inspect(client.name)} client (platform #{inspect(client.platform)})" <>
+                      ": EXLA does not share device memory (CUDA IPC)"
+            end
+
+            EXLA.DeviceBuffer.import_ipc(handle, exla_shape, client, device_id)
+
+          _ ->
+            raise ArgumentError,
+                  "expected a :local pointer with an address or an :ipc pointer with a handle, " <>
+                    "got: #{inspect(pointer)}"
+        end
+
       names = opts[:names] || List.duplicate(nil, tuple_size(shape))
       %T{type: type, shape: shape, names: names, data: %B{buffer: buffer}}
-    end
-
-    def from_pointer(pointer, _type, _shape, _backend_opts, _opts) do
-      raise ArgumentError,
-            "EXLA.Backend supports only :local pointers with an address, got: #{inspect(pointer)}"
     end
   else
     @impl true

@@ -84,6 +84,32 @@ defmodule EXLA.DeviceBuffer do
   end
 
   @doc """
+  Exports a buffer in this process's host memory for other processes of
+  the machine (`Nx.to_pointer(t, mode: :ipc)`): copies it into a new POSIX
+  shared memory object whose permission bits are `permissions`, and
+  returns `{name, byte_size}`. The object lives until the buffer is
+  deallocated, donated or garbage collected, or this OS process exits
+  (a crash leaves it in `/dev/shm`); processes that imported it keep their
+  mappings after that. Needs `/dev/shm` (Linux).
+  """
+  def export_ipc(%__MODULE__{ref: ref}, permissions) when Remote.local?(ref) do
+    NIF.unwrap!(NIF.buffer_export_ipc(ref, permissions))
+  end
+
+  @doc """
+  A buffer of `shape` on `device_id` of a host `client` that is a view of
+  the shared memory object `name` (see `export_ipc/2`), not a copy: it is
+  mapped writable when its permissions let this process write, else
+  read-only (and such a buffer cannot be donated).
+  """
+  def import_ipc(name, %Shape{} = shape, client, device_id) when is_binary(name) do
+    {code, dims} = Shape.to_spec(shape)
+    client = EXLA.Client.local(client)
+    ref = NIF.unwrap!(NIF.buffer_import_ipc(client.ref, name, code, dims, device_id))
+    from_ref(ref, client, device_id, shape)
+  end
+
+  @doc """
   Copies the buffer to `device_id` of `client`, going through the host when
   the client is another one or the buffer lives on another node.
   """

@@ -66,6 +66,8 @@ defmodule EXLA.NIF do
   def buffer_copy_to_device(_buffer, _device), do: nif_error()
   def buffer_host_address(_buffer), do: nif_error()
   def buffer_from_address(_client, _address, _type_code, _dims, _device), do: nif_error()
+  def buffer_export_ipc(_buffer, _permissions), do: nif_error()
+  def buffer_import_ipc(_client, _handle, _type_code, _dims, _device), do: nif_error()
 
   def executable_compile(_client, _mlir, _inputs, _device, _replicas, _partitions, _ref),
     do: nif_error()

@@ -157,6 +157,35 @@ defmodule EXLA.GPUTest do
     end
   end
 
+  # Nx 0.12 and later: EXLA shares host memory only (see pointer_test.exs).
+  if EXLA.NxVersion.blocks?() do
+    describe "pointers" do
+      test "to device memory, local or IPC, raise naming the client and platform" do
+        t = Nx.iota({3}, backend: {EXLA.Backend, client: :cuda})
+
+        assert_raise ArgumentError,
+                     ~r/mode: :ipc .* :cuda client \(platform :cuda\).*CUDA IPC/,
+                     fn ->
+                       Nx.to_pointer(t, mode: :ipc)
+                     end
+
+        assert_raise ArgumentError, ~r/mode: :local .* :cuda client \(platform :cuda\)/, fn ->
+          Nx.to_pointer(t)
+        end
+
+        host = Nx.iota({3}, backend: {EXLA.Backend, client: :host})
+        pointer = Nx.to_pointer(host, mode: :ipc)
+
+        assert_raise ArgumentError, ~r/:ipc pointer .* :cuda client \(platform :cuda\)/, fn ->
+          Nx.from_pointer({EXLA.Backend, client: :cuda}, pointer, :s32, {3})
+        end
+
+        assert Nx.to_flat_list(t) == [0, 1, 2]
+        assert Nx.to_flat_list(host) == [0, 1, 2]
+      end
+    end
+  end
+
   describe "memory statistics" do
     test "come from the plugin's allocator, which counts programs' temporary buffers" do
       :erlang.garbage_collect()

@@ -1,11 +1,12 @@
 //! Device buffers: transfers in and out, copies, deletion.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use rustler::{Atom, Binary, Env, OwnedBinary, ResourceArc};
 
 use crate::client::ClientResource;
 use crate::error::{Error, NifResult};
+use crate::ipc::Export;
 use crate::memory::{Entry, Ledger};
 use crate::pool::{OffThread, SlowToDrop};
 
@@ -14,6 +15,11 @@ use crate::pool::{OffThread, SlowToDrop};
 pub struct BufferResource {
     pub handle: OffThread<pjrt::Buffer>,
     memory: Entry,
+    /// Shared memory objects exported from this buffer (`ipc`), unlinked
+    /// when it is freed.
+    exports: Mutex<Vec<Export>>,
+    /// A view of memory the process may only read: never donated.
+    pub read_only: bool,
 }
 
 /// Buffers from this size on are destroyed on the drop thread. Freeing a
@@ -35,13 +41,42 @@ impl rustler::Resource for BufferResource {}
 impl BufferResource {
     /// Wraps a buffer just made, counting its bytes in `ledger`.
     pub fn new(buffer: pjrt::Buffer, ledger: &Arc<Ledger>) -> ResourceArc<BufferResource> {
+        Self::new_view(buffer, ledger, false)
+    }
+
+    /// `new`, for a buffer that may be a view of memory it must not write.
+    pub fn new_view(
+        buffer: pjrt::Buffer,
+        ledger: &Arc<Ledger>,
+        read_only: bool,
+    ) -> ResourceArc<BufferResource> {
         // Checked when the shape was made, so it cannot overflow here.
         let bytes = buffer.shape().byte_size().unwrap_or(0) as u64;
         let entry = ledger.entry(buffer.device(), bytes);
         ResourceArc::new(BufferResource {
             handle: OffThread::new(buffer),
             memory: entry,
+            exports: Mutex::new(Vec::new()),
+            read_only,
         })
+    }
+
+    /// Keeps a shared memory object exported from this buffer until it is
+    /// freed; unlinks it at once if the buffer is freed already.
+    pub fn keep_export(&self, export: Export) -> NifResult<()> {
+        let mut exports = self.exports.lock().unwrap_or_else(|e| e.into_inner());
+        // Under the lock, so a concurrent `give_up` either sees this export
+        // or has already made the buffer read as deleted.
+        self.handle.host_address()?;
+        exports.push(export);
+        Ok(())
+    }
+
+    fn unlink_exports(&self) {
+        self.exports
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clear();
     }
 
     /// Frees the device memory now (unless it is gone already) and stops
@@ -50,6 +85,7 @@ impl BufferResource {
     pub fn give_up(&self) -> NifResult<bool> {
         let deleted = self.handle.delete()?;
         self.memory.release();
+        self.unlink_exports();
         Ok(deleted)
     }
 
@@ -59,6 +95,7 @@ impl BufferResource {
         let deleted = self.handle.try_delete()?;
         if deleted.is_some() {
             self.memory.release();
+            self.unlink_exports();
         }
         Ok(deleted)
     }

@@ -15,7 +15,7 @@ use rustler::{Atom, Binary, Encoder, Env, NewBinary, ResourceArc, Term};
 use crate::buffer::{shape, BufferResource};
 use crate::client::ClientResource;
 use crate::diagnostics::millis;
-use crate::error::NifResult;
+use crate::error::{Error, NifResult};
 use crate::memory::Ledger;
 use crate::pool::{self, OffThread, SlowToDrop};
 
@@ -156,6 +156,13 @@ fn run(
     arguments: &[ResourceArc<BufferResource>],
     donatable: &[usize],
 ) -> NifResult<Buffers> {
+    let read_only = |&&i: &&usize| arguments.get(i).is_some_and(|b| b.read_only);
+    if let Some(position) = donatable.iter().find(read_only) {
+        return Err(Error::argument(format!(
+            "argument {position} is a read-only view of shared memory (an IPC pointer \
+             imported without write permission) and cannot be donated"
+        )));
+    }
     let buffers: Vec<&pjrt::Buffer> = arguments.iter().map(|b| &*b.handle).collect();
     let outputs = executable.handle.execute(&buffers, donatable)?;
     give_up_donated(arguments, donatable);

@@ -18,6 +18,7 @@ mod executable;
 #[cfg(feature = "fault-injection")]
 mod fault;
 mod host_heap;
+mod ipc;
 mod memory;
 mod pool;
 mod resource;

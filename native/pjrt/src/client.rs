@@ -322,6 +322,61 @@ impl Client {
         ));
         Ok(Buffer::from_raw(self, args.buffer, shape.clone(), device))
     }
+
+    /// A buffer of `shape` on the device at `device` that is a view of the
+    /// memory at `data`, not a copy: the plugin reads (and, for a donated
+    /// argument, writes) it in place. `on_delete` runs once, when the plugin
+    /// is done with the memory, or at once when no view could be made.
+    ///
+    /// # Safety
+    ///
+    /// `data` must hold `shape.byte_size()` bytes in memory the device can
+    /// address, aligned as the plugin asks, and stay valid until `on_delete`
+    /// runs.
+    pub unsafe fn view_of_memory(
+        self: &Arc<Self>,
+        data: *mut u8,
+        shape: &Shape,
+        device: usize,
+        on_delete: Box<dyn FnOnce() + Send>,
+    ) -> Result<Buffer> {
+        let mut args = new_args!(ffi::PJRT_Client_CreateViewOfDeviceBuffer_Args, buffer);
+        args.client = self.raw;
+        args.device_buffer_ptr = data.cast();
+        args.dims = shape.dims.as_ptr();
+        args.num_dims = shape.dims.len();
+        args.element_type = shape.element_type.code();
+        args.device = match self.device_raw(device) {
+            Ok(raw) => raw,
+            Err(error) => {
+                on_delete();
+                return Err(error);
+            }
+        };
+        let user_arg = Box::into_raw(Box::new(on_delete));
+        args.on_delete_callback = Some(run_on_delete);
+        args.on_delete_callback_arg = user_arg.cast();
+        let made = (|| -> Result<()> {
+            call!(self.plugin, PJRT_Client_CreateViewOfDeviceBuffer, &mut args)
+        })();
+        match made {
+            Ok(()) => Ok(Buffer::from_raw(self, args.buffer, shape.clone(), device)),
+            Err(error) => {
+                // No buffer holds the memory, so the plugin never calls back.
+                run_on_delete(data.cast(), user_arg.cast());
+                Err(error)
+            }
+        }
+    }
+}
+
+/// The view's `on_delete_callback`: runs the closure boxed by
+/// `view_of_memory`, once. A panic stops here, not in the plugin.
+unsafe extern "C" fn run_on_delete(_data: *mut std::ffi::c_void, user_arg: *mut std::ffi::c_void) {
+    // SAFETY: `user_arg` is the box made by `view_of_memory`, given to the
+    // plugin, which calls back once.
+    let on_delete = unsafe { Box::from_raw(user_arg.cast::<Box<dyn FnOnce() + Send>>()) };
+    let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(on_delete));
 }
 
 impl Drop for Client {

@@ -260,6 +260,27 @@ pub struct PJRT_Client_BufferFromHostBuffer_Args {
     pub buffer: *mut PJRT_Buffer,
 }
 
+/// Called once when the view no longer needs the memory.
+pub type PJRT_OnDeleteCallback =
+    Option<unsafe extern "C" fn(device_buffer_ptr: *mut c_void, user_arg: *mut c_void)>;
+
+#[repr(C)]
+pub struct PJRT_Client_CreateViewOfDeviceBuffer_Args {
+    pub struct_size: usize,
+    pub extension_start: *mut PJRT_Extension_Base,
+    pub client: *mut PJRT_Client,
+    pub device_buffer_ptr: *mut c_void,
+    pub dims: *const i64,
+    pub num_dims: usize,
+    pub element_type: PJRT_Buffer_Type,
+    pub layout: *mut PJRT_Buffer_MemoryLayout,
+    pub device: *mut PJRT_Device,
+    pub on_delete_callback: PJRT_OnDeleteCallback,
+    pub on_delete_callback_arg: *mut c_void,
+    pub stream: isize,
+    pub buffer: *mut PJRT_Buffer,
+}
+
 #[repr(C)]
 pub struct PJRT_Device_GetDescription_Args {
     pub struct_size: usize,
@@ -669,7 +690,11 @@ pub struct PJRT_Api {
         unsafe extern "C" fn(args: *mut PJRT_Executable_OutputDimensions_Args) -> *mut PJRT_Error,
     >,
     pub PJRT_Buffer_CopyToMemory: Option<unsafe extern "C" fn()>,
-    pub PJRT_Client_CreateViewOfDeviceBuffer: Option<unsafe extern "C" fn()>,
+    pub PJRT_Client_CreateViewOfDeviceBuffer: Option<
+        unsafe extern "C" fn(
+            args: *mut PJRT_Client_CreateViewOfDeviceBuffer_Args,
+        ) -> *mut PJRT_Error,
+    >,
     pub PJRT_Executable_Fingerprint: Option<unsafe extern "C" fn()>,
     pub PJRT_Client_TopologyDescription: Option<unsafe extern "C" fn()>,
     pub PJRT_Executable_GetCompiledMemoryStats: Option<unsafe extern "C" fn()>,

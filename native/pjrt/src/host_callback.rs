@@ -521,20 +521,26 @@ unsafe fn make_error(api: *const XLA_FFI_Api_Head, message: &str) -> *mut XLA_FF
         .unwrap_or(std::ptr::null_mut())
 }
 
-fn element_size(dtype: c_int) -> std::result::Result<usize, String> {
-    Ok(match dtype {
-        1 | 2 | 6 => 1,       // pred, s8, u8
-        19 | 20 => 1,         // f8e5m2, f8e4m3fn
-        3 | 7 | 10 | 16 => 2, // s16, u16, f16, bf16
-        4 | 8 | 11 => 4,      // s32, u32, f32
-        5 | 9 | 12 | 15 => 8, // s64, u64, f64, c64
-        18 => 16,             // c128
-        other => {
-            return Err(format!(
-                "host callbacks do not support XLA data type {other}"
-            ))
-        }
-    })
+/// The bytes of `count` elements of an XLA FFI data type in a callback's
+/// buffer. Sub-byte integers come packed, `8 / bits` elements per byte.
+fn byte_len(dtype: c_int, count: usize) -> std::result::Result<usize, String> {
+    let bytes = |size: usize| {
+        count
+            .checked_mul(size)
+            .ok_or_else(|| "bad dimensions".to_string())
+    };
+    match dtype {
+        1 | 2 | 6 | 19 | 20 => bytes(1),  // pred, s8, u8, f8e5m2, f8e4m3fn
+        3 | 7 | 10 | 16 => bytes(2),      // s16, u16, f16, bf16
+        4 | 8 | 11 => bytes(4),           // s32, u32, f32
+        5 | 9 | 12 | 15 => bytes(8),      // s64, u64, f64, c64
+        18 => bytes(16),                  // c128
+        21 | 22 => Ok(count.div_ceil(2)), // s4, u4
+        26 | 27 => Ok(count.div_ceil(4)), // s2, u2
+        other => Err(format!(
+            "host callbacks do not support XLA data type {other}"
+        )),
+    }
 }
 
 struct RawBuffer<'a> {
@@ -570,8 +576,8 @@ unsafe fn buffers<'a>(
             unsafe { std::slice::from_raw_parts(buffer.dims, rank) }
         };
         let count: i64 = dims.iter().product();
-        let len = usize::try_from(count).map_err(|_| "bad dimensions".to_string())?
-            * element_size(buffer.dtype)?;
+        let count = usize::try_from(count).map_err(|_| "bad dimensions".to_string())?;
+        let len = byte_len(buffer.dtype, count)?;
         if len > 0 && buffer.data.is_null() {
             return Err(format!("a host callback {what} has no data"));
         }

@@ -762,3 +762,71 @@ fn reads_the_cpu_plugins_options() {
     assert!(flags.contains("xla_cpu_use_xnnpack"));
     assert!(flags.contains("xla_dump_to"));
 }
+
+#[test]
+fn views_read_memory_in_place_and_call_back_once_when_dropped() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    let client = client(1);
+    // 64-byte aligned memory, as the CPU plugin asks of a view.
+    #[repr(align(64))]
+    struct Aligned([f32; 3]);
+    let memory = Box::new(Aligned([1.0, 2.0, 3.0]));
+    let data = Box::into_raw(memory);
+    let deleted = Arc::new(AtomicUsize::new(0));
+    let on_delete = {
+        let deleted = deleted.clone();
+        let address = data as usize;
+        Box::new(move || {
+            deleted.fetch_add(1, Ordering::SeqCst);
+            // SAFETY: the box leaked above, freed once, when the view is done.
+            drop(unsafe { Box::from_raw(address as *mut Aligned) });
+        })
+    };
+    // SAFETY: the memory lives until on_delete frees it.
+    let view = unsafe {
+        client
+            .view_of_memory(data.cast(), &f32_shape(&[3]), 0, on_delete)
+            .unwrap()
+    };
+    assert_eq!(read_f32(&view), vec![1.0, 2.0, 3.0]);
+
+    // A write to the memory shows through the view: it is not a copy.
+    // SAFETY: nothing reads the view meanwhile.
+    unsafe { (*data).0[1] = 20.0 };
+    let exe = compile(&client, ADD, vec![f32_shape(&[3]), f32_shape(&[3])]);
+    let ten = upload(&client, &[10.0, 10.0, 10.0]);
+    let out = exe.execute(&[&view, &ten], &[]).unwrap();
+    assert_eq!(read_f32(&out[0]), vec![11.0, 30.0, 13.0]);
+
+    assert_eq!(deleted.load(Ordering::SeqCst), 0);
+    drop(view);
+    assert_eq!(deleted.load(Ordering::SeqCst), 1);
+
+    // A view that cannot be made calls back at once.
+    let failed = {
+        let deleted = deleted.clone();
+        Box::new(move || {
+            deleted.fetch_add(1, Ordering::SeqCst);
+        })
+    };
+    let mut scratch = Aligned([0.0; 3]);
+    let result = unsafe {
+        client.view_of_memory(scratch.0.as_mut_ptr().cast(), &f32_shape(&[3]), 7, failed)
+    };
+    assert!(result.is_err());
+    assert_eq!(deleted.load(Ordering::SeqCst), 2);
+
+    // The plugin refuses memory it cannot use as is (misaligned here).
+    let refused = {
+        let deleted = deleted.clone();
+        Box::new(move || {
+            deleted.fetch_add(1, Ordering::SeqCst);
+        })
+    };
+    let mut wide = Aligned([0.0; 3]);
+    let misaligned = unsafe { wide.0.as_mut_ptr().add(1).cast() };
+    let result = unsafe { client.view_of_memory(misaligned, &f32_shape(&[2]), 0, refused) };
+    assert!(result.is_err(), "{:?}", result.map(|_| ()));
+    assert_eq!(deleted.load(Ordering::SeqCst), 3);
+}
