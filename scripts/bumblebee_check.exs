@@ -1,0 +1,346 @@
+# Bumblebee on this EXLA: a BERT and a GPT-2 with random parameters, run by
+# EXLA and by Nx.Defn.Evaluator on Nx.BinaryBackend, must agree.
+#
+# Bumblebee v0.7.0 asks for Nx ~> 0.12.0, so this runs on Nx 0.12 with
+# Elixir >= 1.15. It needs no network: models are built from a spec
+# (Bumblebee.configure/2) and initialized by Axon with a fixed seed, so no
+# tokenizer and no Hugging Face download is involved. Run it from a
+# Bumblebee checkout whose mix.exs takes Nx and EXLA by path:
+#
+#     cd bumblebee
+#     NX_PATH=/path/to/nx-0.12/nx EXLA_PATH=/path/to/this/checkout \
+#       MIX_ENV=test mix run /path/to/this/checkout/scripts/bumblebee_check.exs
+#
+# Arguments (after the script's path):
+#
+#   --large    also run BERT-base and GPT-2 small (124M parameters) on EXLA
+#              alone, 128 tokens, and print the forward time (the reference
+#              evaluator would take hours at that size)
+#
+# For each small model it prints the largest absolute difference of every
+# output and of the initialized parameters, and raises unless every output
+# is all_close (atol 1.0e-4, rtol 1.0e-4, f32). For GPT-2 it also runs
+# Bumblebee's greedy generation loop (a defn while loop over the model with
+# its key-value cache) under both compilers and requires the same tokens.
+
+defmodule BumblebeeCheck do
+  @atol 1.0e-4
+  @rtol 1.0e-4
+  @seed 42
+
+  def main(argv) do
+    {opts, _, _} = OptionParser.parse(argv, strict: [large: :boolean])
+
+    IO.puts(
+      "Nx #{Application.spec(:nx, :vsn)}, Bumblebee #{Application.spec(:bumblebee, :vsn)}, " <>
+        "Axon #{Application.spec(:axon, :vsn)}, Elixir #{System.version()}, " <>
+        "OTP #{System.otp_release()}, EXLA client #{inspect(EXLA.Client.fetch!(:host).platform)}"
+    )
+
+    bert =
+      compare(
+        "BERT (:base, 2 blocks, hidden 64)",
+        Bumblebee.configure(Bumblebee.Text.Bert,
+          architecture: :base,
+          vocab_size: 1000,
+          max_positions: 64,
+          hidden_size: 64,
+          num_blocks: 2,
+          num_attention_heads: 4,
+          intermediate_size: 128
+        ),
+        bert_inputs(1000, 2, 16)
+      )
+
+    gpt2_spec =
+      Bumblebee.configure(Bumblebee.Text.Gpt2,
+        architecture: :for_causal_language_modeling,
+        vocab_size: 1000,
+        max_positions: 64,
+        hidden_size: 64,
+        num_blocks: 2,
+        num_attention_heads: 4,
+        intermediate_size: 128
+      )
+
+    {gpt2, gpt2_params} =
+      compare(
+        "GPT-2 (:for_causal_language_modeling, 2 blocks, hidden 64)",
+        gpt2_spec,
+        gpt2_inputs(1000, 2, 16),
+        return_params: true
+      )
+
+    generation = generate(gpt2_spec, gpt2_params)
+
+    if opts[:large] do
+      timed(
+        "BERT-base (:base, 12 blocks, hidden 768, vocab 30522)",
+        Bumblebee.configure(Bumblebee.Text.Bert,
+          architecture: :base,
+          vocab_size: 30522,
+          max_positions: 512,
+          hidden_size: 768,
+          num_blocks: 12,
+          num_attention_heads: 12,
+          intermediate_size: 3072
+        ),
+        bert_inputs(30522, 1, 128)
+      )
+
+      timed(
+        "GPT-2 small (:for_causal_language_modeling, 12 blocks, hidden 768, vocab 50257)",
+        Bumblebee.configure(Bumblebee.Text.Gpt2,
+          architecture: :for_causal_language_modeling,
+          vocab_size: 50257,
+          max_positions: 1024,
+          hidden_size: 768,
+          num_blocks: 12,
+          num_attention_heads: 12,
+          intermediate_size: 3072
+        ),
+        gpt2_inputs(50257, 1, 128)
+      )
+    end
+
+    unless bert and gpt2 and generation do
+      raise "EXLA and Nx.Defn.Evaluator disagree (see above)"
+    end
+
+    IO.puts("\nall agree")
+  end
+
+  # Builds the model, initializes its parameters with the evaluator (the
+  # reference) and with EXLA from the same seed, runs the forward pass both
+  # ways from the reference parameters, and compares every output.
+  defp compare(name, spec, inputs, opts \\ []) do
+    IO.puts("\n== #{name}")
+    model = Bumblebee.build_model(spec)
+    templates = Map.new(inputs, fn {k, t} -> {k, Nx.to_template(t)} end)
+
+    {ref_init, ref_predict} = Axon.build(model, seed: @seed, compiler: Nx.Defn.Evaluator)
+    {exla_init, exla_predict} = Axon.build(model, seed: @seed, compiler: EXLA)
+
+    Nx.default_backend(Nx.BinaryBackend)
+    {t_ref_init, params} = :timer.tc(fn -> ref_init.(templates, Axon.ModelState.empty()) end)
+    {t_ref, ref_out} = :timer.tc(fn -> ref_predict.(params, inputs) end)
+
+    Nx.default_backend(EXLA.Backend)
+    exla_params = exla_init.(templates, Axon.ModelState.empty())
+
+    {t_exla, exla_out} =
+      :timer.tc(fn ->
+        exla_predict.(Nx.backend_copy(params, EXLA.Backend), exla_inputs(inputs))
+      end)
+
+    Nx.default_backend(Nx.BinaryBackend)
+
+    count = params.data |> leaves([]) |> Enum.map(fn {_, t} -> Nx.size(t) end) |> Enum.sum()
+
+    IO.puts(
+      "#{count} parameters; evaluator: init #{ms(t_ref_init)}, forward #{ms(t_ref)}; " <>
+        "EXLA forward (compile + run) #{ms(t_exla)}"
+    )
+
+    {init_ok, init_diff} = diff(params.data, exla_params.data)
+
+    IO.puts(
+      "init (EXLA vs evaluator, seed #{@seed}): max abs diff #{fmt(init_diff)}" <>
+        if(init_ok, do: "", else: "  NOT all_close")
+    )
+
+    ok =
+      ref_out
+      |> leaves([])
+      |> Enum.zip(leaves(exla_out, []))
+      |> Enum.map(fn {{path, ref}, {path, got}} ->
+        {ok, max} = diff(ref, got)
+
+        IO.puts(
+          "  #{Enum.join(path, ".")} #{inspect(Nx.shape(ref))} #{inspect(Nx.type(ref))}: max abs diff #{fmt(max)}#{if ok, do: "", else: "  MISMATCH"}"
+        )
+
+        ok
+      end)
+      |> Enum.all?()
+
+    IO.puts(if ok, do: "outputs agree (atol #{@atol}, rtol #{@rtol})", else: "outputs DISAGREE")
+
+    if opts[:return_params], do: {ok, params}, else: ok
+  end
+
+  # Bumblebee's greedy generation (Bumblebee.Text.Generation.build_generate/3)
+  # jitted by each compiler: a defn while loop that calls the model, updates
+  # its cache and picks the argmax token.
+  defp generate(spec, params) do
+    IO.puts("\n== GPT-2 greedy generation, 8 new tokens")
+    model = Bumblebee.build_model(spec)
+
+    config =
+      Bumblebee.configure(Bumblebee.Text.GenerationConfig,
+        max_new_tokens: 8,
+        bos_token_id: 0,
+        eos_token_id: 999,
+        pad_token_id: 0
+      )
+
+    generate = Bumblebee.Text.Generation.build_generate(model, spec, config)
+
+    inputs =
+      gpt2_inputs(1000, 2, 16)
+      |> Map.put("seed", Nx.tensor([0, 1]))
+
+    ref = Nx.Defn.jit_apply(generate, [params, inputs], compiler: Nx.Defn.Evaluator)
+
+    Nx.default_backend(EXLA.Backend)
+
+    got =
+      Nx.Defn.jit_apply(generate, [Nx.backend_copy(params, EXLA.Backend), exla_inputs(inputs)],
+        compiler: EXLA
+      )
+
+    Nx.default_backend(Nx.BinaryBackend)
+
+    ref_ids = Nx.to_list(ref.token_ids)
+    got_ids = got.token_ids |> Nx.backend_transfer(Nx.BinaryBackend) |> Nx.to_list()
+
+    IO.puts(
+      "evaluator: #{inspect(ref_ids)} length #{inspect(Nx.to_list(ref.length), charlists: :as_lists)}"
+    )
+
+    IO.puts(
+      "EXLA:      #{inspect(got_ids)} length #{inspect(Nx.to_list(Nx.backend_transfer(got.length, Nx.BinaryBackend)), charlists: :as_lists)}"
+    )
+
+    ok = ref_ids == got_ids
+    IO.puts(if ok, do: "same tokens", else: "tokens DIFFER")
+    ok
+  end
+
+  # EXLA alone at a realistic size: parameters initialized by EXLA, first
+  # call (compile + run) and the median of 5 cached calls.
+  defp timed(name, spec, inputs) do
+    IO.puts("\n== #{name}, batch 1, 128 tokens, EXLA only")
+    Nx.default_backend(EXLA.Backend)
+    model = Bumblebee.build_model(spec)
+    templates = Map.new(inputs, fn {k, t} -> {k, Nx.to_template(t)} end)
+    {init, predict} = Axon.build(model, seed: @seed, compiler: EXLA)
+    {t_init, params} = :timer.tc(fn -> init.(templates, Axon.ModelState.empty()) end)
+    inputs = exla_inputs(inputs)
+    {t_first, out} = :timer.tc(fn -> predict.(params, inputs) end)
+
+    times =
+      for _ <- 1..5 do
+        {t, out} = :timer.tc(fn -> predict.(params, inputs) end)
+        # Make sure the result is there before the clock stops.
+        out |> leaves([]) |> Enum.each(fn {_, t} -> Nx.backend_transfer(t, Nx.BinaryBackend) end)
+        t
+      end
+
+    count = params.data |> leaves([]) |> Enum.map(fn {_, t} -> Nx.size(t) end) |> Enum.sum()
+    [{_, main} | _] = leaves(out, [])
+    finite = main |> Nx.is_nan() |> Nx.any() |> Nx.to_number() == 0
+
+    IO.puts(
+      "#{count} parameters; init #{ms(t_init)}; first forward (compile + run) #{ms(t_first)}; " <>
+        "forward median of 5 #{ms(Enum.at(Enum.sort(times), 2))} " <>
+        "(min #{ms(Enum.min(times))}); outputs #{Enum.map_join(leaves(out, []), ", ", fn {p, t} -> "#{Enum.join(p, ".")} #{inspect(Nx.shape(t))}" end)}; " <>
+        "no NaN: #{finite}"
+    )
+
+    Nx.default_backend(Nx.BinaryBackend)
+  end
+
+  defp bert_inputs(vocab, batch, length) do
+    key = Nx.Random.key(7)
+    {ids, _} = Nx.Random.randint(key, 0, vocab, shape: {batch, length}, type: :u32)
+
+    %{
+      "input_ids" => ids,
+      "attention_mask" => mask(batch, length),
+      "token_type_ids" =>
+        Nx.iota({batch, length}, axis: 1, type: :u32)
+        |> Nx.greater_equal(div(length, 2))
+        |> Nx.as_type(:u32)
+    }
+  end
+
+  defp gpt2_inputs(vocab, batch, length) do
+    key = Nx.Random.key(11)
+    {ids, _} = Nx.Random.randint(key, 0, vocab, shape: {batch, length}, type: :u32)
+    %{"input_ids" => ids, "attention_mask" => mask(batch, length)}
+  end
+
+  # The last sequence of the batch is padded (its final quarter masked), so
+  # masking is exercised; a batch of one is unpadded.
+  defp mask(1, length), do: Nx.broadcast(Nx.tensor(1, type: :u32), {1, length})
+
+  defp mask(batch, length) do
+    row = Nx.iota({batch, length}, axis: 0)
+    col = Nx.iota({batch, length}, axis: 1)
+
+    Nx.logical_not(
+      Nx.logical_and(Nx.equal(row, batch - 1), Nx.greater_equal(col, length - div(length, 4)))
+    )
+    |> Nx.as_type(:u32)
+  end
+
+  defp exla_inputs(inputs),
+    do: Map.new(inputs, fn {k, t} -> {k, Nx.backend_copy(t, EXLA.Backend)} end)
+
+  # Every tensor of a nested output (maps, structs, tuples), with its path;
+  # %Axon.None{} (an output the model does not produce) has none.
+  defp leaves(%Nx.Tensor{} = t, path), do: [{Enum.reverse(path), t}]
+  defp leaves(%Axon.None{}, _path), do: []
+  defp leaves(%_{} = struct, path), do: leaves(Map.from_struct(struct), path)
+
+  defp leaves(map, path) when is_map(map) do
+    map
+    |> Enum.sort_by(fn {k, _} -> to_string(k) end)
+    |> Enum.flat_map(fn {k, v} -> leaves(v, [to_string(k) | path]) end)
+  end
+
+  defp leaves(tuple, path) when is_tuple(tuple) do
+    tuple
+    |> Tuple.to_list()
+    |> Enum.with_index()
+    |> Enum.flat_map(fn {v, i} -> leaves(v, [to_string(i) | path]) end)
+  end
+
+  defp leaves(_other, _path), do: []
+
+  # all_close over every leaf, and the largest absolute difference.
+  defp diff(%Nx.Tensor{} = ref, %Nx.Tensor{} = got) do
+    got = Nx.backend_transfer(got, Nx.BinaryBackend)
+    true = Nx.shape(ref) == Nx.shape(got) and Nx.type(ref) == Nx.type(got)
+
+    max =
+      if Nx.size(ref) == 0,
+        do: 0.0,
+        else:
+          Nx.subtract(Nx.as_type(ref, :f64), Nx.as_type(got, :f64))
+          |> Nx.abs()
+          |> Nx.reduce_max()
+          |> Nx.to_number()
+
+    ok = Nx.all_close(ref, got, atol: @atol, rtol: @rtol) |> Nx.to_number() == 1
+    {ok, max}
+  end
+
+  defp diff(ref, got) do
+    ref_leaves = leaves(ref, [])
+    got_leaves = leaves(got, [])
+    true = Enum.map(ref_leaves, &elem(&1, 0)) == Enum.map(got_leaves, &elem(&1, 0))
+
+    Enum.zip_reduce(ref_leaves, got_leaves, {true, 0.0}, fn {_, r}, {_, g}, {ok, max} ->
+      {ok1, max1} = diff(r, g)
+      {ok and ok1, max(max, max1)}
+    end)
+  end
+
+  defp ms(us), do: "#{Float.round(us / 1000, 1)} ms"
+  defp fmt(x) when is_float(x), do: :erlang.float_to_binary(x, [{:scientific, 2}])
+  defp fmt(x), do: inspect(x)
+end
+
+BumblebeeCheck.main(System.argv())
