@@ -13,6 +13,10 @@
 #
 # Arguments (after the script's path):
 #
+#   --more     also compare five more architectures, small and random the
+#              same way: Llama (rotary embeddings, grouped-query attention),
+#              BART and T5 (encoder-decoder; T5's relative position buckets),
+#              ViT (patch convolution) and Whisper (1-D convolutions)
 #   --large    also run BERT-base and GPT-2 small (124M parameters) on EXLA
 #              alone, 128 tokens, and print the forward time (the reference
 #              evaluator would take hours at that size)
@@ -29,7 +33,7 @@ defmodule BumblebeeCheck do
   @seed 42
 
   def main(argv) do
-    {opts, _, _} = OptionParser.parse(argv, strict: [large: :boolean])
+    {opts, _, _} = OptionParser.parse(argv, strict: [large: :boolean, more: :boolean])
 
     IO.puts(
       "Nx #{Application.spec(:nx, :vsn)}, Bumblebee #{Application.spec(:bumblebee, :vsn)}, " <>
@@ -73,6 +77,14 @@ defmodule BumblebeeCheck do
 
     generation = generate(gpt2_spec, gpt2_params)
 
+    more =
+      if opts[:more],
+        do:
+          more_models()
+          |> Enum.map(fn {name, spec, inputs} -> compare(name, spec, inputs) end)
+          |> Enum.all?(),
+        else: true
+
     if opts[:large] do
       timed(
         "BERT-base (:base, 12 blocks, hidden 768, vocab 30522)",
@@ -103,7 +115,7 @@ defmodule BumblebeeCheck do
       )
     end
 
-    unless bert and gpt2 and generation do
+    unless bert and gpt2 and generation and more do
       raise "EXLA and Nx.Defn.Evaluator disagree (see above)"
     end
 
@@ -168,6 +180,98 @@ defmodule BumblebeeCheck do
     IO.puts(if ok, do: "outputs agree (atol #{@atol}, rtol #{@rtol})", else: "outputs DISAGREE")
 
     if opts[:return_params], do: {ok, params}, else: ok
+  end
+
+  defp more_models do
+    small = [vocab_size: 1000, hidden_size: 64]
+    key = Nx.Random.key(5)
+    {pixels, key} = Nx.Random.normal(key, shape: {2, 32, 32, 3})
+    {features, _key} = Nx.Random.normal(key, shape: {2, 32, 8})
+    decoder = Map.new(gpt2_inputs(1000, 2, 8), fn {k, v} -> {"decoder_" <> k, v} end)
+
+    [
+      {"Llama (:for_causal_language_modeling, 2 blocks, 4 heads, 2 key-value heads)",
+       Bumblebee.configure(
+         Bumblebee.Text.Llama,
+         small ++
+           [
+             architecture: :for_causal_language_modeling,
+             max_positions: 64,
+             num_blocks: 2,
+             num_attention_heads: 4,
+             num_key_value_heads: 2,
+             intermediate_size: 128
+           ]
+       ), gpt2_inputs(1000, 2, 16)},
+      {"BART (:for_conditional_generation, 2+2 blocks)",
+       Bumblebee.configure(
+         Bumblebee.Text.Bart,
+         small ++
+           [
+             architecture: :for_conditional_generation,
+             max_positions: 64,
+             encoder_num_blocks: 2,
+             decoder_num_blocks: 2,
+             encoder_num_attention_heads: 4,
+             decoder_num_attention_heads: 4,
+             encoder_intermediate_size: 128,
+             decoder_intermediate_size: 128
+           ]
+       ), Map.merge(gpt2_inputs(1000, 2, 16), decoder)},
+      # T5 scales no attention logits, so at its default initializer scale
+      # (1.0) random weights give hidden states near 300, where f32 rounding
+      # alone (summation order) moves outputs by up to 2e-2 between any two
+      # implementations; the gap falls with the scale (1e-7 at 0.05), so the
+      # comparison uses 0.05. See docs/bumblebee.md.
+      {"T5 (:for_conditional_generation, 2+2 blocks, initializer scale 0.05)",
+       Bumblebee.configure(
+         Bumblebee.Text.T5,
+         small ++
+           [
+             architecture: :for_conditional_generation,
+             initializer_scale: 0.05,
+             attention_head_size: 16,
+             encoder_num_blocks: 2,
+             decoder_num_blocks: 2,
+             encoder_num_attention_heads: 4,
+             decoder_num_attention_heads: 4,
+             intermediate_size: 128
+           ]
+       ), Map.merge(gpt2_inputs(1000, 2, 16), decoder)},
+      {"ViT (:for_image_classification, 32x32 image, patch 8, 2 blocks)",
+       Bumblebee.configure(Bumblebee.Vision.Vit,
+         architecture: :for_image_classification,
+         image_size: 32,
+         patch_size: 8,
+         hidden_size: 64,
+         num_blocks: 2,
+         num_attention_heads: 4,
+         intermediate_size: 128,
+         num_labels: 10
+       ), %{"pixel_values" => pixels}},
+      {"Whisper (:for_conditional_generation, 32 frames of 8 features, 2+2 blocks)",
+       Bumblebee.configure(
+         Bumblebee.Audio.Whisper,
+         small ++
+           [
+             architecture: :for_conditional_generation,
+             feature_size: 8,
+             encoder_max_positions: 16,
+             decoder_max_positions: 32,
+             encoder_num_blocks: 2,
+             decoder_num_blocks: 2,
+             encoder_num_attention_heads: 4,
+             decoder_num_attention_heads: 4,
+             encoder_intermediate_size: 128,
+             decoder_intermediate_size: 128
+           ]
+       ),
+       %{
+         "input_features" => features,
+         "decoder_input_ids" => decoder["decoder_input_ids"],
+         "decoder_attention_mask" => decoder["decoder_attention_mask"]
+       }}
+    ]
   end
 
   # Bumblebee's greedy generation (Bumblebee.Text.Generation.build_generate/3)
