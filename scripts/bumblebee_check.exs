@@ -44,27 +44,14 @@ defmodule BumblebeeCheck do
     bert =
       compare(
         "BERT (:base, 2 blocks, hidden 64)",
-        Bumblebee.configure(Bumblebee.Text.Bert,
-          architecture: :base,
-          vocab_size: 1000,
-          max_positions: 64,
-          hidden_size: 64,
-          num_blocks: 2,
-          num_attention_heads: 4,
-          intermediate_size: 128
-        ),
+        Bumblebee.configure(Bumblebee.Text.Bert, [architecture: :base] ++ size(:small)),
         bert_inputs(1000, 2, 16)
       )
 
     gpt2_spec =
-      Bumblebee.configure(Bumblebee.Text.Gpt2,
-        architecture: :for_causal_language_modeling,
-        vocab_size: 1000,
-        max_positions: 64,
-        hidden_size: 64,
-        num_blocks: 2,
-        num_attention_heads: 4,
-        intermediate_size: 128
+      Bumblebee.configure(
+        Bumblebee.Text.Gpt2,
+        [architecture: :for_causal_language_modeling] ++ size(:small)
       )
 
     {gpt2, gpt2_params} =
@@ -88,28 +75,19 @@ defmodule BumblebeeCheck do
     if opts[:large] do
       timed(
         "BERT-base (:base, 12 blocks, hidden 768, vocab 30522)",
-        Bumblebee.configure(Bumblebee.Text.Bert,
-          architecture: :base,
-          vocab_size: 30522,
-          max_positions: 512,
-          hidden_size: 768,
-          num_blocks: 12,
-          num_attention_heads: 12,
-          intermediate_size: 3072
+        Bumblebee.configure(
+          Bumblebee.Text.Bert,
+          [architecture: :base, vocab_size: 30522, max_positions: 512] ++ size(:base)
         ),
         bert_inputs(30522, 1, 128)
       )
 
       timed(
         "GPT-2 small (:for_causal_language_modeling, 12 blocks, hidden 768, vocab 50257)",
-        Bumblebee.configure(Bumblebee.Text.Gpt2,
-          architecture: :for_causal_language_modeling,
-          vocab_size: 50257,
-          max_positions: 1024,
-          hidden_size: 768,
-          num_blocks: 12,
-          num_attention_heads: 12,
-          intermediate_size: 3072
+        Bumblebee.configure(
+          Bumblebee.Text.Gpt2,
+          [architecture: :for_causal_language_modeling, vocab_size: 50257, max_positions: 1024] ++
+            size(:base)
         ),
         gpt2_inputs(50257, 1, 128)
       )
@@ -182,8 +160,37 @@ defmodule BumblebeeCheck do
     if opts[:return_params], do: {ok, params}, else: ok
   end
 
+  # The small models' sizes (BERT, GPT-2, Llama), and BERT-base's.
+  defp size(:small) do
+    [
+      vocab_size: 1000,
+      max_positions: 64,
+      hidden_size: 64,
+      num_blocks: 2,
+      num_attention_heads: 4,
+      intermediate_size: 128
+    ]
+  end
+
+  defp size(:base) do
+    [hidden_size: 768, num_blocks: 12, num_attention_heads: 12, intermediate_size: 3072]
+  end
+
+  # BART's and Whisper's (T5 has one intermediate size for both stacks).
+  defp size(:encoder_decoder) do
+    [
+      vocab_size: 1000,
+      hidden_size: 64,
+      encoder_num_blocks: 2,
+      decoder_num_blocks: 2,
+      encoder_num_attention_heads: 4,
+      decoder_num_attention_heads: 4,
+      encoder_intermediate_size: 128,
+      decoder_intermediate_size: 128
+    ]
+  end
+
   defp more_models do
-    small = [vocab_size: 1000, hidden_size: 64]
     key = Nx.Random.key(5)
     {pixels, key} = Nx.Random.normal(key, shape: {2, 32, 32, 3})
     {features, _key} = Nx.Random.normal(key, shape: {2, 32, 8})
@@ -193,30 +200,13 @@ defmodule BumblebeeCheck do
       {"Llama (:for_causal_language_modeling, 2 blocks, 4 heads, 2 key-value heads)",
        Bumblebee.configure(
          Bumblebee.Text.Llama,
-         small ++
-           [
-             architecture: :for_causal_language_modeling,
-             max_positions: 64,
-             num_blocks: 2,
-             num_attention_heads: 4,
-             num_key_value_heads: 2,
-             intermediate_size: 128
-           ]
+         [architecture: :for_causal_language_modeling, num_key_value_heads: 2] ++ size(:small)
        ), gpt2_inputs(1000, 2, 16)},
       {"BART (:for_conditional_generation, 2+2 blocks)",
        Bumblebee.configure(
          Bumblebee.Text.Bart,
-         small ++
-           [
-             architecture: :for_conditional_generation,
-             max_positions: 64,
-             encoder_num_blocks: 2,
-             decoder_num_blocks: 2,
-             encoder_num_attention_heads: 4,
-             decoder_num_attention_heads: 4,
-             encoder_intermediate_size: 128,
-             decoder_intermediate_size: 128
-           ]
+         [architecture: :for_conditional_generation, max_positions: 64] ++
+           size(:encoder_decoder)
        ), Map.merge(gpt2_inputs(1000, 2, 16), decoder)},
       # T5 scales no attention logits, so at its default initializer scale
       # (1.0) random weights give hidden states near 300, where f32 rounding
@@ -226,17 +216,16 @@ defmodule BumblebeeCheck do
       {"T5 (:for_conditional_generation, 2+2 blocks, initializer scale 0.05)",
        Bumblebee.configure(
          Bumblebee.Text.T5,
-         small ++
-           [
-             architecture: :for_conditional_generation,
-             initializer_scale: 0.05,
-             attention_head_size: 16,
-             encoder_num_blocks: 2,
-             decoder_num_blocks: 2,
-             encoder_num_attention_heads: 4,
-             decoder_num_attention_heads: 4,
-             intermediate_size: 128
-           ]
+         [
+           architecture: :for_conditional_generation,
+           initializer_scale: 0.05,
+           attention_head_size: 16,
+           intermediate_size: 128
+         ] ++
+           Keyword.drop(size(:encoder_decoder), [
+             :encoder_intermediate_size,
+             :decoder_intermediate_size
+           ])
        ), Map.merge(gpt2_inputs(1000, 2, 16), decoder)},
       {"ViT (:for_image_classification, 32x32 image, patch 8, 2 blocks)",
        Bumblebee.configure(Bumblebee.Vision.Vit,
@@ -252,19 +241,12 @@ defmodule BumblebeeCheck do
       {"Whisper (:for_conditional_generation, 32 frames of 8 features, 2+2 blocks)",
        Bumblebee.configure(
          Bumblebee.Audio.Whisper,
-         small ++
-           [
-             architecture: :for_conditional_generation,
-             feature_size: 8,
-             encoder_max_positions: 16,
-             decoder_max_positions: 32,
-             encoder_num_blocks: 2,
-             decoder_num_blocks: 2,
-             encoder_num_attention_heads: 4,
-             decoder_num_attention_heads: 4,
-             encoder_intermediate_size: 128,
-             decoder_intermediate_size: 128
-           ]
+         [
+           architecture: :for_conditional_generation,
+           feature_size: 8,
+           encoder_max_positions: 16,
+           decoder_max_positions: 32
+         ] ++ size(:encoder_decoder)
        ),
        %{
          "input_features" => features,
