@@ -17,6 +17,9 @@
 #              same way: Llama (rotary embeddings, grouped-query attention),
 #              BART and T5 (encoder-decoder; T5's relative position buckets),
 #              ViT (patch convolution) and Whisper (1-D convolutions)
+#   --serving  also serve the small BERT with Nx.Serving (EXLA, batch size 4)
+#              to 16 concurrent callers, one sequence each, and compare every
+#              reply with the evaluator's forward pass of that sequence
 #   --large    also run BERT-base and GPT-2 small (124M parameters) on EXLA
 #              alone, 128 tokens, and print the forward time (the reference
 #              evaluator would take hours at that size)
@@ -33,7 +36,8 @@ defmodule BumblebeeCheck do
   @seed 42
 
   def main(argv) do
-    {opts, _, _} = OptionParser.parse(argv, strict: [large: :boolean, more: :boolean])
+    {opts, _, _} =
+      OptionParser.parse(argv, strict: [large: :boolean, more: :boolean, serving: :boolean])
 
     IO.puts(
       "Nx #{Application.spec(:nx, :vsn)}, Bumblebee #{Application.spec(:bumblebee, :vsn)}, " <>
@@ -41,11 +45,14 @@ defmodule BumblebeeCheck do
         "OTP #{System.otp_release()}, EXLA client #{inspect(EXLA.Client.fetch!(:host).platform)}"
     )
 
-    bert =
+    bert_spec = Bumblebee.configure(Bumblebee.Text.Bert, [architecture: :base] ++ size(:small))
+
+    {bert, bert_params} =
       compare(
         "BERT (:base, 2 blocks, hidden 64)",
-        Bumblebee.configure(Bumblebee.Text.Bert, [architecture: :base] ++ size(:small)),
-        bert_inputs(1000, 2, 16)
+        bert_spec,
+        bert_inputs(1000, 2, 16),
+        return_params: true
       )
 
     gpt2_spec =
@@ -72,6 +79,8 @@ defmodule BumblebeeCheck do
           |> Enum.all?(),
         else: true
 
+    serving = if opts[:serving], do: serve(bert_spec, bert_params), else: true
+
     if opts[:large] do
       timed(
         "BERT-base (:base, 12 blocks, hidden 768, vocab 30522)",
@@ -93,7 +102,7 @@ defmodule BumblebeeCheck do
       )
     end
 
-    unless bert and gpt2 and generation and more do
+    unless bert and gpt2 and generation and more and serving do
       raise "EXLA and Nx.Defn.Evaluator disagree (see above)"
     end
 
@@ -254,6 +263,62 @@ defmodule BumblebeeCheck do
          "decoder_attention_mask" => decoder["decoder_attention_mask"]
        }}
     ]
+  end
+
+  # What a Bumblebee serving does (a jitted predict called with the params
+  # and a padded batch), with 16 callers at once: their sequences are
+  # batched 4 at a time by Nx.Serving, and each reply must match the
+  # evaluator's forward pass of that one sequence.
+  defp serve(spec, params) do
+    IO.puts("\n== BERT through Nx.Serving (EXLA, batch size 4), 16 concurrent callers")
+    callers = 16
+    inputs = bert_inputs(1000, callers, 16)
+    {_init, predict} = Axon.build(Bumblebee.build_model(spec))
+    {_, ref_predict} = Axon.build(Bumblebee.build_model(spec), compiler: Nx.Defn.Evaluator)
+    ref = ref_predict.(params, inputs)
+    exla_params = Nx.backend_copy(params, EXLA.Backend)
+
+    serving =
+      Nx.Serving.new(
+        fn defn_options ->
+          jitted = Nx.Defn.jit(predict, defn_options)
+          fn batch -> jitted.(exla_params, batch) end
+        end,
+        compiler: EXLA
+      )
+
+    {:ok, pid} =
+      Nx.Serving.start_link(serving: serving, name: BumblebeeCheck.Serving, batch_size: 4)
+
+    replies =
+      0..(callers - 1)
+      |> Task.async_stream(
+        fn i ->
+          one = Map.new(inputs, fn {k, t} -> {k, t[i]} end)
+          Nx.Serving.batched_run(BumblebeeCheck.Serving, Nx.Batch.stack([one]))
+        end,
+        max_concurrency: callers,
+        timeout: 120_000
+      )
+      |> Enum.map(fn {:ok, reply} -> reply end)
+
+    GenServer.stop(pid)
+
+    {ok, max} =
+      replies
+      |> Enum.with_index()
+      |> Enum.reduce({true, 0.0}, fn {reply, i}, {ok, max} ->
+        expected = Map.new([:hidden_state, :pooled_state], &{&1, ref[&1][i..i]})
+        {ok1, max1} = diff(expected, Map.take(reply, [:hidden_state, :pooled_state]))
+        {ok and ok1, max(max, max1)}
+      end)
+
+    IO.puts(
+      "#{length(replies)} replies; max abs diff #{fmt(max)} from the evaluator" <>
+        if(ok, do: ": agree", else: ": DISAGREE")
+    )
+
+    ok
   end
 
   # Bumblebee's greedy generation (Bumblebee.Text.Generation.build_generate/3)
