@@ -27,8 +27,10 @@
 # For each small model it prints the largest absolute difference of every
 # output and of the initialized parameters, and raises unless every output
 # is all_close (atol 1.0e-4, rtol 1.0e-4, f32). For GPT-2 it also runs
-# Bumblebee's greedy generation loop (a defn while loop over the model with
-# its key-value cache) under both compilers and requires the same tokens.
+# Bumblebee's generation loop (a defn while loop over the model with its
+# key-value cache) under both compilers, with greedy search, contrastive
+# search and multinomial sampling (top-k and top-p, seeded), and requires
+# the same tokens.
 
 defmodule BumblebeeCheck do
   @atol 1.0e-4
@@ -320,11 +322,21 @@ defmodule BumblebeeCheck do
     ok
   end
 
-  # Bumblebee's greedy generation (Bumblebee.Text.Generation.build_generate/3)
+  # Bumblebee's generation (Bumblebee.Text.Generation.build_generate/3)
   # jitted by each compiler: a defn while loop that calls the model, updates
-  # its cache and picks the argmax token.
+  # its cache and picks the next token, for each strategy.
   defp generate(spec, params) do
-    IO.puts("\n== GPT-2 greedy generation, 8 new tokens")
+    strategies = [
+      %{type: :greedy_search},
+      %{type: :contrastive_search, top_k: 4, alpha: 0.6},
+      %{type: :multinomial_sampling, top_k: 8, top_p: 0.9}
+    ]
+
+    strategies |> Enum.map(&generate(spec, params, &1)) |> Enum.all?()
+  end
+
+  defp generate(spec, params, strategy) do
+    IO.puts("\n== GPT-2 generation, 8 new tokens, #{inspect(strategy)}")
     model = Bumblebee.build_model(spec)
 
     config =
@@ -332,14 +344,15 @@ defmodule BumblebeeCheck do
         max_new_tokens: 8,
         bos_token_id: 0,
         eos_token_id: 999,
-        pad_token_id: 0
+        pad_token_id: 0,
+        strategy: strategy
       )
 
     generate = Bumblebee.Text.Generation.build_generate(model, spec, config)
 
     inputs =
       gpt2_inputs(1000, 2, 16)
-      |> Map.put("seed", Nx.tensor([0, 1]))
+      |> Map.put("seed", Nx.tensor([0, 1], type: :s64))
 
     ref = Nx.Defn.jit_apply(generate, [params, inputs], compiler: Nx.Defn.Evaluator)
 
