@@ -67,7 +67,7 @@ defmodule EXLA.NIF do
   def buffer_host_address(_buffer), do: nif_error()
   def buffer_from_address(_client, _address, _type_code, _dims, _device), do: nif_error()
 
-  def executable_compile(_client, _mlir, _inputs, _device, _replicas, _partitions, _ref),
+  def executable_compile(_client, _mlir, _inputs, _device, _replicas, _partitions, _shardy, _ref),
     do: nif_error()
 
   def executable_output_shapes(_executable), do: nif_error()
