@@ -207,8 +207,8 @@ defmodule EXLA.Sharding do
 
         if Map.has_key?(acc, i) do
           raise ArgumentError,
-                "axis #{inspect(axis)} (index #{i}) of input #{index} is sharded more than once " <>
-                  "in #{inspect(sharding)}"
+                "axis #{i} of input #{index} is given more than once in the sharding " <>
+                  "#{inspect(sharding)}"
         end
 
         Map.put(acc, i, mesh_axes!(mesh_axes, shape, sharding, index))
