@@ -249,6 +249,16 @@ defmodule EXLA.ShardJitMeshTest do
       end
     end
 
+    test "EXLA.shard_jit/3's example on four devices" do
+      mesh = mesh({2, 2})
+      add = shard_jit(&Nx.add/2, mesh, [%{0 => [0], 1 => [1]}, %{}])
+      x = Nx.iota({4, 2})
+      parts = for r <- [0, 2], c <- [0, 1], do: [x[[r..(r + 1), c..c]], 10]
+
+      assert Enum.map(add.(parts), &Nx.to_list/1) ==
+               [[[10], [12]], [[11], [13]], [[14], [16]], [[15], [17]]]
+    end
+
     describe "refuses" do
       defp two_by_two(sharding, args \\ List.duplicate([Nx.iota({4, 2})], 4)),
         do: shard_jit(&Nx.negate/1, mesh({2, 2}), sharding).(args)
