@@ -122,8 +122,8 @@ defmodule EXLA.Defn.Sharded do
     inputs = Composite.flatten_list(vars)
 
     EXLA.Defn.Compilation.compilation(key, vars, fun, opts, fn expr ->
-      arg_attrs =
-        Enum.map(shardings, &[{"sdy.sharding", Sharding.sdy_sharding(mesh.name, &1)}])
+      annotation = &[{"sdy.sharding", Sharding.sdy_sharding(mesh.name, &1)}]
+      arg_attrs = Enum.map(shardings, annotation)
 
       %{program: program, used_inputs: params} =
         EXLA.Defn.Lowering.to_mlir(
@@ -148,8 +148,8 @@ defmodule EXLA.Defn.Sharded do
 
       program = %{program | input_shapes: part_shapes, output_shapes: nil}
 
-      exe =
-        Executable.compile(client, program, num_partitions: partitions, partitioner: :shardy)
+      compile_opts = [num_partitions: partitions, partitioner: :shardy]
+      exe = Executable.compile(client, program, compile_opts)
 
       compiled = %__MODULE__{
         exe: exe,
