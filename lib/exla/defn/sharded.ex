@@ -120,47 +120,23 @@ defmodule EXLA.Defn.Sharded do
   defp build_mesh(key, vars, fun, mesh, partitions, shardings, opts) do
     client = EXLA.Client.fetch!(opts[:client])
     inputs = Composite.flatten_list(vars)
+    annotation = &[{"sdy.sharding", Sharding.sdy_sharding(mesh.name, &1)}]
+
+    # Each input is annotated with its sharding, the results are left open
+    # (Shardy propagates shardings to them, and the plugin tells each
+    # device's part's shape).
+    layout = %{
+      lowering: [
+        arg_attrs: Enum.map(shardings, annotation),
+        module_ops: [Sharding.sdy_mesh(mesh.name, mesh.shape)]
+      ],
+      part_dims: &Sharding.part_dims_of(&1, &2, mesh.shape),
+      results: :parts,
+      compile: [num_partitions: partitions, partitioner: :shardy]
+    }
 
     EXLA.Defn.Compilation.compilation(key, vars, fun, opts, fn expr ->
-      annotation = &[{"sdy.sharding", Sharding.sdy_sharding(mesh.name, &1)}]
-      arg_attrs = Enum.map(shardings, annotation)
-
-      %{program: program, used_inputs: params} =
-        EXLA.Defn.Lowering.to_mlir(
-          expr,
-          Enum.map(inputs, &EXLA.Defn.Compilation.to_shape/1),
-          [
-            precision: opts[:precision],
-            arg_attrs: arg_attrs,
-            module_ops: [Sharding.sdy_mesh(mesh.name, mesh.shape)]
-          ] ++ EXLA.Defn.Lowering.client_options(client)
-        )
-
-      # Each device's parameters are its parts of the inputs the program
-      # reads; its results are the parts Shardy gave it, whose shapes the
-      # plugin tells.
-      part_shapes =
-        for i <- params do
-          t = Enum.at(inputs, i)
-          dims = Sharding.part_dims_of(t.shape, Enum.at(shardings, i), mesh.shape)
-          EXLA.Shape.make_shape(t.type, dims)
-        end
-
-      program = %{program | input_shapes: part_shapes, output_shapes: nil}
-
-      compile_opts = [num_partitions: partitions, partitioner: :shardy]
-      exe = Executable.compile(client, program, compile_opts)
-
-      compiled = %__MODULE__{
-        exe: exe,
-        mesh: mesh,
-        params: params,
-        shardings: Enum.map(params, &Enum.at(shardings, &1)),
-        part_shapes: part_shapes,
-        output: Composite.traverse(expr, &%{&1 | data: %Nx.TemplateBackend{}})
-      }
-
-      {compiled, :off}
+      {compile(client, expr, inputs, mesh, shardings, layout, opts), :off}
     end)
   end
 
@@ -226,13 +202,12 @@ defmodule EXLA.Defn.Sharded do
 
     # The partitioned program is compiled afresh (it skips the disk cache).
     EXLA.Defn.Compilation.compilation(key, vars, fun, opts, fn expr ->
-      {compile(client, expr, inputs, mesh, partitions, shardings, opts), :off}
+      layout = tuple_layout(inputs, expr, mesh, partitions, shardings)
+      {compile(client, expr, inputs, mesh, shardings, layout, opts), :off}
     end)
   end
 
-  defp compile(client, expr, inputs, mesh, partitions, shardings, opts) do
-    # Each parameter is annotated with its input's sharding, each result as
-    # replicated, the module with its partition count.
+  defp tuple_layout(inputs, expr, mesh, partitions, shardings) do
     arg_attrs =
       Enum.zip_with(inputs, shardings, fn t, sharding ->
         [{"mhlo.sharding", ~s("#{Sharding.annotation(sharding, tuple_size(t.shape), mesh)}")}]
@@ -240,39 +215,51 @@ defmodule EXLA.Defn.Sharded do
 
     result_count = length(Composite.flatten_list([expr]))
 
+    # Each input is annotated with its sharding, each result as replicated,
+    # the module with its partition count.
+    %{
+      lowering: [
+        arg_attrs: arg_attrs,
+        result_attrs: List.duplicate([{"mhlo.sharding", ~s("{replicated}")}], result_count),
+        module_attrs: [
+          {"mhlo.num_partitions", "#{partitions} : i32"},
+          {"mhlo.num_replicas", "1 : i32"}
+        ]
+      ],
+      part_dims: &Sharding.part_dims(&1, &2, mesh),
+      results: :whole,
+      compile: [num_partitions: partitions]
+    }
+  end
+
+  # Lowers `expr` with the annotations of `layout` and compiles it for its
+  # partitions. Each device's parameters are its parts of the inputs the
+  # program reads (without donation, lazy inputs or hooks, none of which
+  # is given here, the lowering keeps exactly those as parameters); its
+  # results are whole (`results: :whole`) or the parts the partitioner gave
+  # it, whose shapes the plugin tells (`:parts`).
+  defp compile(client, expr, inputs, mesh, shardings, layout, opts) do
     %{program: program, used_inputs: params} =
       EXLA.Defn.Lowering.to_mlir(
         expr,
         Enum.map(inputs, &EXLA.Defn.Compilation.to_shape/1),
-        [
-          precision: opts[:precision],
-          arg_attrs: arg_attrs,
-          result_attrs: List.duplicate([{"mhlo.sharding", ~s("{replicated}")}], result_count),
-          module_attrs: [
-            {"mhlo.num_partitions", "#{partitions} : i32"},
-            {"mhlo.num_replicas", "1 : i32"}
-          ]
-        ] ++ EXLA.Defn.Lowering.client_options(client)
+        [precision: opts[:precision]] ++
+          layout.lowering ++ EXLA.Defn.Lowering.client_options(client)
       )
 
-    # The inputs the program reads are its parameters: without donation,
-    # lazy inputs or hooks (none is given above), the lowering keeps exactly
-    # those.
     param_shardings = Enum.map(params, &Enum.at(shardings, &1))
-    param_inputs = Enum.map(params, &Enum.at(inputs, &1))
 
     part_shapes =
-      Enum.zip_with(param_inputs, param_shardings, fn t, sharding ->
-        EXLA.Shape.make_shape(t.type, Sharding.part_dims(t.shape, sharding, mesh))
+      Enum.zip_with(params, param_shardings, fn i, sharding ->
+        t = Enum.at(inputs, i)
+        EXLA.Shape.make_shape(t.type, layout.part_dims.(t.shape, sharding))
       end)
 
-    # Each device's parameters are its parts of the inputs; its results
-    # are the whole results (replicated).
-    program = %{program | input_shapes: part_shapes}
-    exe = Executable.compile(client, program, num_partitions: partitions)
+    output_shapes = if layout.results == :whole, do: program.output_shapes
+    program = %{program | input_shapes: part_shapes, output_shapes: output_shapes}
 
     %__MODULE__{
-      exe: exe,
+      exe: Executable.compile(client, program, layout.compile),
       mesh: mesh,
       params: params,
       shardings: param_shardings,
