@@ -328,6 +328,67 @@ defmodule EXLA do
     Nx.Defn.compile(function, args, Keyword.put(options, :compiler, __MODULE__))
   end
 
+  # Nx 0.7 has no Nx.Mesh.
+  @mesh_doc ~S"""
+  ## With an `Nx.Mesh` (Nx 0.12 and later)
+
+  Given an `%Nx.Mesh{}`, this is `Nx.Defn.shard_jit/3` with EXLA as the
+  compiler, as in EXLA 0.11 and later. The mesh's partitions are the
+  client's first devices in the mesh's row-major order (a `{2, 2}` mesh
+  runs on devices 0 to 3): a mesh with more partitions than the client
+  has devices raises `ArgumentError`. Its `:name` names it in the program
+  (any non-empty string but `"main"`).
+
+  The returned function takes a list with one list of arguments per
+  partition, each holding that partition's part of every input (the
+  caller cuts the inputs; Nx reads their types and shapes from the first
+  partition's, and the others' must be the same). It returns a list with
+  one result per partition: that partition's part of the results, on its
+  device.
+
+  The options are those of `jit/2` (`:device_id` aside), and:
+
+    * `:input_shardings` (required) - how the inputs are split, one map per
+      tensor of the flattened arguments, from a tensor axis (an integer, a
+      negative integer counting from the last axis, or a name) to the list
+      of mesh axes it is split over: `%{0 => [0]}` splits axis 0 over mesh
+      axis 0; `%{0 => [0, 1]}` over mesh axes 0 and 1, mesh axis 0 the
+      major one; axes not given, and `%{}`, are replicated. Each mesh axis
+      appears at most once per input. Wrong counts, unknown axes and
+      repeated ones raise `ArgumentError`.
+
+  XLA's Shardy partitioner compiles the program. Each input keeps the
+  sharding it is given (EXLA 0.13.1 leaves the inputs' shardings open, so
+  that Shardy may split an input further, after which the parts given no
+  longer fit), and each result gets the sharding Shardy propagates to it:
+  an elementwise result is split as its inputs, a sum over a split axis is
+  whole on every partition, and a result that cannot be split evenly stays
+  whole. Each call copies every partition's arguments through the host to
+  its device.
+
+  A mesh of one partition runs on any client:
+
+      iex> mesh = %Nx.Mesh{name: "mesh", shape: {1}}
+      iex> double = EXLA.shard_jit(&Nx.multiply(&1, 2), mesh, input_shardings: [%{0 => [0]}])
+      iex> [part] = double.([[Nx.tensor([1, 2, 3])]])
+      iex> part
+      #Nx.Tensor<
+        s32[3]
+        [2, 4, 6]
+      >
+
+  On a client with four devices, a `{2, 2}` mesh splits `x` (whole shape
+  `{4, 2}`) into one `{2, 1}` part per device:
+
+      mesh = %Nx.Mesh{name: "mesh", shape: {2, 2}}
+      add = EXLA.shard_jit(&Nx.add/2, mesh, input_shardings: [%{0 => [0], 1 => [1]}, %{}])
+      x = Nx.iota({4, 2})
+      parts = for r <- [0, 2], c <- [0, 1], do: [x[[r..(r + 1), c..c]], 10]
+      add.(parts)
+      #=> [[[10], [12]], [[11], [13]], [[14], [16]], [[15], [17]]], on devices 0 to 3
+  """
+  @mesh_doc if EXLA.NxVersion.blocks?(), do: @mesh_doc, else: ""
+
   @doc """
   Wraps `function` so that, when called, it is compiled into one SPMD
   program that runs on every device of a `mesh` at once, each device
@@ -371,22 +432,7 @@ defmodule EXLA do
       total.(Nx.iota({4, 3}))
       #=> 66, from an all-reduce of the two devices' partial sums
 
-  ## With an `Nx.Mesh` (Nx 0.12 and later)
-
-  Given an `%Nx.Mesh{}`, this is `Nx.Defn.shard_jit/3` with EXLA as the
-  compiler, as in EXLA 0.11 and later: `:input_shardings` is required, one
-  map per input tensor from a tensor axis (an integer or a name) to a list
-  of mesh axes (this EXLA splits a tensor axis over one mesh axis); the
-  returned function takes one list of arguments per partition, each
-  already that partition's part, and returns one result per partition.
-  Unlike upstream EXLA, whose results are each partition's part as XLA's
-  partitioner lays them out, each partition's result here is the whole
-  result, on that partition's device.
-
-      mesh = %Nx.Mesh{name: "mesh", shape: {2}}
-      add = EXLA.shard_jit(&Nx.add/2, mesh, input_shardings: [%{0 => [0]}, %{}])
-      add.([[Nx.tensor([1, 2]), 10], [Nx.tensor([3, 4]), 10]])
-      #=> [[11, 12, 13, 14], [11, 12, 13, 14]], on devices 0 and 1
+  #{@mesh_doc}
   """
   def shard_jit(function, mesh, options \\ [])
 

@@ -104,7 +104,7 @@ defmodule EXLA.CompileCache do
       the device, and for the CPU the CPU's feature flags (XLA:CPU
       generates code for the CPU that compiles);
     * the compile options: the device, the numbers of replicas and
-      partitions, the client's `:xla_options` and the `XLA_FLAGS` of the
+      partitions, the partitioner, the client's `:xla_options` and the `XLA_FLAGS` of the
       operating-system process;
     * the version of EXLA and of the file format.
 
@@ -207,6 +207,7 @@ defmodule EXLA.CompileCache do
       device_id,
       opts[:num_replicas] || 1,
       opts[:num_partitions] || 1,
+      opts[:partitioner] || :gspmd,
       client.xla_options,
       EXLA.NIF.xla_flags_env()
     }

@@ -31,8 +31,11 @@ defmodule EXLA.Executable do
   the client's device count): `:devices` lists them, and `run/3` takes one
   list of arguments per device, in that order, and runs them together on
   a native thread. With several partitions, XLA's SPMD partitioner splits
-  the program following its `mhlo.sharding` annotations; each device's
-  parameters and results are its part's (see `EXLA.shard_jit/3`). The
+  the program following its sharding annotations: `mhlo.sharding` for
+  GSPMD (the default), `sdy.mesh` and `sdy.sharding` for Shardy (`partitioner:
+  :shardy`), which also gives each result the sharding it propagates to it
+  where the program leaves it open (GSPMD replicates such results). Each
+  device's parameters and results are its part's (see `EXLA.shard_jit/3`). The
   parameter shapes read from a hand-written program's `@main` are the
   whole tensors', so such a program needs each device's part's shapes as
   `:input_shapes` (otherwise its runs are refused: their arguments do not
@@ -90,6 +93,10 @@ defmodule EXLA.Executable do
 
     * `:num_partitions` - number of partitions, at least 1 (defaults to 1)
 
+    * `:partitioner` - `:gspmd` or `:shardy`, which of XLA's partitioners
+      splits a program of several partitions (see "Several devices");
+      defaults to `:gspmd`
+
     * `:input_shapes` - the `EXLA.Shape`s of each device's parameters,
       for a partitioned program (see "Several devices"); defaults to the
       program's
@@ -114,11 +121,13 @@ defmodule EXLA.Executable do
       Keyword.validate!(opts,
         device_id: client.default_device_id,
         num_replicas: 1,
-        num_partitions: 1
+        num_partitions: 1,
+        partitioner: :gspmd
       )
 
     replicas = positive!(opts, :num_replicas)
     partitions = positive!(opts, :num_partitions)
+    shardy? = partitioner!(opts[:partitioner]) == :shardy
     device_id = device_id!(client, opts[:device_id])
     input_shapes = internal[:input_shapes] || program.input_shapes
     specs = Enum.map(input_shapes, &Shape.to_spec/1)
@@ -132,6 +141,7 @@ defmodule EXLA.Executable do
           device_id,
           replicas,
           partitions,
+          shardy?,
           &1
         )
       )
@@ -152,6 +162,13 @@ defmodule EXLA.Executable do
       num_partitions: partitions
     }
     |> place()
+  end
+
+  defp partitioner!(partitioner) when partitioner in [:gspmd, :shardy], do: partitioner
+
+  defp partitioner!(other) do
+    raise ArgumentError,
+          "expected :partitioner to be :gspmd or :shardy, got: #{inspect(other)}"
   end
 
   defp plugin_output_shapes(ref) do

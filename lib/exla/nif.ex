@@ -69,7 +69,7 @@ defmodule EXLA.NIF do
   def buffer_export_ipc(_buffer, _permissions), do: nif_error()
   def buffer_import_ipc(_client, _handle, _type_code, _dims, _device), do: nif_error()
 
-  def executable_compile(_client, _mlir, _inputs, _device, _replicas, _partitions, _ref),
+  def executable_compile(_client, _mlir, _inputs, _device, _replicas, _partitions, _shardy, _ref),
     do: nif_error()
 
   def executable_output_shapes(_executable), do: nif_error()

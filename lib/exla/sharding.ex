@@ -13,6 +13,10 @@ defmodule EXLA.Sharding do
   # many as the mesh axis's size, and the partition at coordinate `i` on
   # that mesh axis gets the `i`-th part; along mesh axes the tensor does not
   # use, it is replicated. `%{}` replicates the whole tensor.
+  #
+  # With an `%Nx.Mesh{}` (Nx 0.12 and later, see "Meshes of Nx" below) a
+  # sharding maps a tensor axis to a *list* of mesh axes, major first, and
+  # the program is annotated for Shardy (`sdy.mesh`, `sdy.sharding`).
 
   @doc """
   Checks `mesh` and returns its partition count, at most `device_count`.
@@ -161,5 +165,145 @@ defmodule EXLA.Sharding do
 
     replica = for axis <- 0..(tuple_size(mesh) - 1)//1, axis not in used, do: elem(coords, axis)
     tile ++ replica
+  end
+
+  ## Meshes of Nx
+
+  @doc """
+  Checks an `%Nx.Mesh{}` and returns its partition count, at most
+  `device_count`.
+  """
+  def mesh_partitions!(%{name: name, shape: shape} = mesh, device_count) do
+    unless is_binary(name) and name != "" and String.valid?(name) do
+      raise ArgumentError,
+            "expected the mesh's name to be a non-empty string, got: #{inspect(mesh)}"
+    end
+
+    # The mesh is a symbol of the program, beside its entry function.
+    if name == "main" do
+      raise ArgumentError,
+            "the mesh name \"main\" is taken by the program's entry function, " <>
+              "give the mesh another name"
+    end
+
+    partitions!(shape, device_count)
+  end
+
+  @doc """
+  Checks the sharding of input `index`, the tensor `t`, over the mesh of
+  `shape`: a map from tensor axes (integers, negative integers or names)
+  to lists of mesh axes. Returns one list of mesh axes per axis of `t`.
+  """
+  def mesh_sharding!(sharding, t, shape, index) do
+    unless is_map(sharding) do
+      raise ArgumentError,
+            "expected the sharding of input #{index} to be a map of tensor axes to lists " <>
+              "of mesh axes, got: #{inspect(sharding)}"
+    end
+
+    by_axis =
+      Enum.reduce(sharding, %{}, fn {axis, mesh_axes}, acc ->
+        i = Nx.axis_index(t, axis)
+
+        if Map.has_key?(acc, i) do
+          raise ArgumentError,
+                "axis #{i} of input #{index} is given more than once in the sharding " <>
+                  "#{inspect(sharding)}"
+        end
+
+        Map.put(acc, i, mesh_axes!(mesh_axes, shape, sharding, index))
+      end)
+
+    used = by_axis |> Map.values() |> List.flatten()
+
+    if length(Enum.uniq(used)) != length(used) do
+      raise ArgumentError,
+            "the sharding #{inspect(sharding)} of input #{index} uses a mesh axis twice"
+    end
+
+    for i <- 0..(tuple_size(t.shape) - 1)//1, do: Map.get(by_axis, i, [])
+  end
+
+  defp mesh_axes!(mesh_axes, shape, sharding, index) do
+    valid? =
+      is_list(mesh_axes) and
+        Enum.all?(mesh_axes, &(is_integer(&1) and &1 >= 0 and &1 < tuple_size(shape)))
+
+    unless valid? do
+      raise ArgumentError,
+            "invalid sharding #{inspect(sharding)} of input #{index}: each tensor axis maps " <>
+              "to a list of mesh axes, integers from 0 to #{tuple_size(shape) - 1} for a mesh " <>
+              "of shape #{inspect(shape)}, got: #{inspect(mesh_axes)}"
+    end
+
+    mesh_axes
+  end
+
+  @doc """
+  The dimensions of the whole tensor of which `dims` are each partition's
+  part, under `dim_axes` (one list of mesh axes per axis) over `shape`.
+  """
+  def whole_dims(dims, dim_axes, shape) do
+    dim_axes
+    |> Enum.with_index(fn mesh_axes, i -> elem(dims, i) * parts(mesh_axes, shape) end)
+    |> List.to_tuple()
+  end
+
+  @doc """
+  The dimensions of each partition's part of a whole tensor of `dims`
+  under `dim_axes` over `shape`.
+  """
+  def part_dims_of(dims, dim_axes, shape) do
+    dim_axes
+    |> Enum.with_index(fn mesh_axes, i -> div(elem(dims, i), parts(mesh_axes, shape)) end)
+    |> List.to_tuple()
+  end
+
+  defp parts(mesh_axes, shape), do: Enum.reduce(mesh_axes, 1, &(elem(shape, &1) * &2))
+
+  @doc """
+  The `sdy.mesh` operation declaring the mesh `name` of `shape`, its axes
+  named `"axis_0"`, `"axis_1"`...
+  """
+  def sdy_mesh(name, shape) do
+    axes =
+      shape
+      |> Tuple.to_list()
+      |> Enum.with_index(fn size, i -> ~s("axis_#{i}"=#{size}) end)
+      |> Enum.join(", ")
+
+    "sdy.mesh @#{symbol(name)} = <[#{axes}]>"
+  end
+
+  @doc """
+  The `#sdy.sharding` of a tensor over the mesh `name`, from one list of
+  mesh axes per tensor axis. Every dimension is closed: the partitioner
+  keeps each input's parts as they are given.
+  """
+  def sdy_sharding(name, dim_axes) do
+    dims =
+      Enum.map_join(dim_axes, ", ", fn mesh_axes ->
+        "{" <> Enum.map_join(mesh_axes, ", ", &~s("axis_#{&1}")) <> "}"
+      end)
+
+    "#sdy.sharding<@#{symbol(name)}, [#{dims}]>"
+  end
+
+  # An MLIR symbol name: bare when it is an identifier, else quoted.
+  defp symbol(name) do
+    if name =~ ~r/\A[A-Za-z_][A-Za-z0-9_$.]*\z/ do
+      name
+    else
+      escaped =
+        for <<byte <- name>>, into: "" do
+          cond do
+            byte in [?", ?\\] -> <<?\\, byte>>
+            byte >= 0x20 and byte < 0x7F -> <<byte>>
+            true -> "\\" <> Base.encode16(<<byte>>)
+          end
+        end
+
+      ~s("#{escaped}")
+    end
   end
 end

@@ -31,7 +31,7 @@ defmodule EXLA.NIFFuzzTest do
     buffer_ready: 1,
     buffer_await: 1,
     buffer_copy_to_device: 2,
-    executable_compile: 7,
+    executable_compile: 8,
     executable_output_shapes: 1,
     executable_run: 3,
     executable_run_dirty: 3,

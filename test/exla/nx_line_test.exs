@@ -1,8 +1,8 @@
 defmodule EXLA.NxLineTest do
   # What Nx 0.12 and 0.13 add for a backend and a compiler: blocks (EXLA's
   # native lowerings, EXLA.CustomCall, the default for other structs),
-  # stack, runtime calls, hooks without tokens (0.13), the new types and
-  # Nx.Defn.shard_jit/3. Results are checked against Nx.BinaryBackend and
+  # stack, runtime calls, hooks without tokens (0.13) and the new types
+  # (Nx.Defn.shard_jit/3 is in shard_jit_mesh_test.exs). Results are checked against Nx.BinaryBackend and
   # Nx.Defn.Evaluator.
   use ExUnit.Case, async: true
 
@@ -467,48 +467,6 @@ defmodule EXLA.NxLineTest do
           assert Nx.type(expected) == Nx.Type.normalize!(type)
           assert exla(fun, [x]) |> Nx.backend_copy() == expected
           assert_receive {:hooked, ^hooked}
-        end
-      end
-    end
-
-    describe "Nx.Defn.shard_jit/3" do
-      setup do
-        EXLA.TestClients.add(:nx_line_two, platform: :host, device_count: 2)
-        :ok
-      end
-
-      # Each partition's result is the whole result: XLA's partitioner is not
-      # asked to spread the results (upstream EXLA gives each its part).
-      test "takes each partition's part and returns each partition's result" do
-        mesh = %Nx.Mesh{name: "mesh", shape: {2}}
-        opts = [input_shardings: [%{0 => [0]}, %{}], client: :nx_line_two]
-        fun = EXLA.shard_jit(&Nx.add/2, mesh, opts)
-        [r0, r1] = fun.([[Nx.tensor([1, 2]), Nx.tensor(10)], [Nx.tensor([3, 4]), Nx.tensor(10)]])
-        assert Nx.to_flat_list(r0) == [11, 12, 13, 14]
-        assert Nx.to_flat_list(r1) == [11, 12, 13, 14]
-        assert r1.data.buffer.device_id == 1
-
-        sum =
-          EXLA.shard_jit(&Nx.sum/1, mesh, input_shardings: [%{0 => [0]}], client: :nx_line_two)
-
-        assert Enum.map(sum.([[Nx.tensor([1, 2])], [Nx.tensor([3, 4])]]), &Nx.to_number/1) == [
-                 10,
-                 10
-               ]
-      end
-
-      test "input_shardings are required, one per input" do
-        mesh = %Nx.Mesh{name: "mesh", shape: {2}}
-
-        assert_raise ArgumentError, ~r/input_shardings are required/, fn ->
-          EXLA.shard_jit(&Nx.negate/1, mesh, client: :nx_line_two).([[1], [2]])
-        end
-
-        assert_raise ArgumentError, ~r/expected 1 input sharding/, fn ->
-          EXLA.shard_jit(&Nx.negate/1, mesh, input_shardings: [], client: :nx_line_two).([
-            [1],
-            [2]
-          ])
         end
       end
     end

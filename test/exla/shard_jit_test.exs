@@ -129,6 +129,17 @@ defmodule EXLA.ShardJitTest do
     end
   end
 
+  test "the Shardy annotations of an Nx.Mesh" do
+    assert EXLA.Sharding.sdy_mesh("mesh", {2, 1}) ==
+             ~s(sdy.mesh @mesh = <["axis_0"=2, "axis_1"=1]>)
+
+    assert EXLA.Sharding.sdy_mesh("3d mesh", {2}) == ~s(sdy.mesh @"3d mesh" = <["axis_0"=2]>)
+    assert EXLA.Sharding.sdy_mesh(~s(a"b\\c\n), {2}) =~ ~S(@"a\"b\\c\0A")
+
+    assert EXLA.Sharding.sdy_sharding("m", [[1, 0], [], [2]]) ==
+             ~s(#sdy.sharding<@m, [{"axis_1", "axis_0"}, {}, {"axis_2"}]>)
+  end
+
   test "the annotations of a mesh" do
     assert EXLA.Sharding.annotation(%{}, 2, {2}) == "{replicated}"
     assert EXLA.Sharding.annotation(%{0 => 0}, 2, {2}) == "{devices=[2,1]0,1}"
@@ -187,6 +198,45 @@ defmodule EXLA.ShardJitTest do
         EXLA.Executable.run(exe, [[part([1.0, 2.0])], [part([0.5, 0.0])], [part([3.0, 3.0])]])
 
       assert read_all(outputs) == [[f32([2.0, 4.0])], [f32([1.0, 0.0])], [f32([6.0, 6.0])]]
+    end
+
+    @shardy_add """
+    module {
+      sdy.mesh @mesh = <["axis_0"=2]>
+      func.func public @main(%a: tensor<4xf32> {sdy.sharding = #sdy.sharding<@mesh, [{"axis_0"}]>}) -> tensor<4xf32> {
+        %0 = stablehlo.add %a, %a : tensor<4xf32>
+        return %0 : tensor<4xf32>
+      }
+    }
+    """
+
+    test "Shardy propagates shardings to open results, GSPMD replicates them" do
+      client = EXLA.Client.fetch!(@client)
+      shapes = [EXLA.Shape.make_shape({:f, 32}, {2})]
+      args = [[part([1.0, 2.0])], [part([3.0, 4.0])]]
+
+      exe =
+        EXLA.Executable.compile(client, @shardy_add,
+          num_partitions: 2,
+          input_shapes: shapes,
+          partitioner: :shardy
+        )
+
+      assert read_all(EXLA.Executable.run(exe, args)) == [[f32([2.0, 4.0])], [f32([6.0, 8.0])]]
+
+      # Without Shardy the result is not split: each device has it whole.
+      exe = EXLA.Executable.compile(client, @shardy_add, num_partitions: 2, input_shapes: shapes)
+      whole = f32([2.0, 4.0, 6.0, 8.0])
+      assert read_all(EXLA.Executable.run(exe, args)) == [[whole], [whole]]
+
+      assert_raise ArgumentError,
+                   ~r/expected :partitioner to be :gspmd or :shardy, got: :auto/,
+                   fn ->
+                     EXLA.Executable.compile(client, @shardy_add,
+                       num_partitions: 2,
+                       partitioner: :auto
+                     )
+                   end
     end
 
     test "replicas times partitions may not exceed the client's devices" do

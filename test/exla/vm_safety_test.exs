@@ -403,7 +403,7 @@ defmodule EXLA.VMSafetyTest do
       spec = Shape.to_spec(Shape.make_shape({:f, 32}, {}))
 
       assert_raise RuntimeError, ~r/threw a C\+\+ exception in PJRT_Client_Compile/, fn ->
-        NIF.async!(&NIF.executable_compile(client().ref, mlir, [spec], 0, 1, 1, &1))
+        NIF.async!(&NIF.executable_compile(client().ref, mlir, [spec], 0, 1, 1, false, &1))
       end
 
       # The client still works.

@@ -75,7 +75,7 @@ defmodule EXLA.CompileCache.Memory do
 
   defp key(client, %EXLA.MLIR.Program{text: text}, opts) do
     {client.ref, opts[:device_id] || client.default_device_id, opts[:num_replicas] || 1,
-     opts[:num_partitions] || 1, :crypto.hash(:sha256, text)}
+     opts[:num_partitions] || 1, opts[:partitioner] || :gspmd, :crypto.hash(:sha256, text)}
   end
 
   @impl true

@@ -97,6 +97,10 @@ defmodule EXLA.Defn.Lowering do
       such as the sharding annotations of `EXLA.shard_jit/3`. Default to
       none
 
+    * `:module_ops` - operations of the module written before `@main`
+      (see `EXLA.MLIR.Builder.module/5`), such as the `sdy.mesh` of
+      `EXLA.shard_jit/3` with an `Nx.Mesh`. Defaults to none
+
   The result's `:chain?` tells whether the module takes a chain.
   """
   def to_mlir(output_expr, input_shapes, opts \\ []) do
@@ -137,7 +141,8 @@ defmodule EXLA.Defn.Lowering do
         kept: &kept_params(&1, lazy, param_count, chain?, donated),
         arg_attrs: opts[:arg_attrs] || [],
         result_attrs: opts[:result_attrs] || [],
-        module_attrs: opts[:module_attrs] || []
+        module_attrs: opts[:module_attrs] || [],
+        module_ops: opts[:module_ops] || []
       )
 
     %{
@@ -188,7 +193,8 @@ defmodule EXLA.Defn.Lowering do
         donate: [],
         arg_attrs: [],
         result_attrs: [],
-        module_attrs: []
+        module_attrs: [],
+        module_ops: []
       ])
 
     precision = opts[:precision] || :default

@@ -1,17 +1,20 @@
 defmodule EXLA.Defn.Sharded do
   @moduledoc false
-  # The Nx.Defn.Compiler behind EXLA.shard_jit/3: one SPMD program over a
-  # mesh of the client's devices (see EXLA.Sharding for meshes and
-  # shardings).
+  # The compiler behind EXLA.shard_jit/3: one SPMD program over a mesh of
+  # the client's devices (see EXLA.Sharding for meshes and shardings).
   #
-  # The expression is lowered as for EXLA.jit/2, with each parameter of
-  # @main annotated with its input's sharding and replicated results, and the
-  # plugin compiles it with one partition per device of the mesh (XLA's
-  # SPMD partitioner splits the program and adds the collectives). A call
-  # cuts each input on the host into its partitions' parts, places each
-  # part on its partition's device, runs every partition at once and
-  # returns the results of the first partition (every partition has them
-  # whole), freeing the others.
+  # With a tuple mesh (every Nx line) the expression is lowered as for
+  # EXLA.jit/2, with each parameter of @main annotated (`mhlo.sharding`)
+  # with its input's sharding and the results replicated, and GSPMD
+  # compiles it with one partition per device of the mesh (it splits the
+  # program and adds the collectives). A call cuts each input on the host
+  # into its partitions' parts, places each part on its partition's device,
+  # runs every partition at once and returns the results of the first
+  # partition (every partition has them whole), freeing the others.
+  #
+  # With an `%Nx.Mesh{}` (Nx 0.12 and later, `shard_jit/6`, upstream
+  # EXLA's semantics) the inputs come already cut, one list per partition,
+  # and each partition returns its part of the results (Shardy).
   @behaviour Nx.Defn.Compiler
 
   alias Nx.Defn.Composite
@@ -50,22 +53,33 @@ defmodule EXLA.Defn.Sharded do
   ## Nx.Defn.shard_jit/3 (Nx 0.12 and later)
 
   @doc false
-  # EXLA.__shard_jit__/6, with upstream EXLA's semantics: `mesh` is an
-  # `%Nx.Mesh{}`, `:input_shardings` (required) has one map per input
-  # tensor of its axes (integers or names) to lists of mesh axes, `vars`
-  # and each list of `args_list` (one per partition, in the mesh's
-  # row-major order) are the partitions' parts, and the result is one
-  # container per partition, each the partition's part of the results as
-  # XLA's partitioner lays them out. One mesh axis per tensor axis.
-  def shard_jit(key, %{shape: shape} = mesh, vars, fun, args_list, opts) do
+  # EXLA.__shard_jit__/6, with upstream EXLA's semantics. `mesh` is an
+  # `%Nx.Mesh{}` whose partitions are the client's first devices, in the
+  # mesh's row-major order; `:input_shardings` (required) has one map per
+  # input tensor of its axes to lists of mesh axes; `vars` are the first
+  # partition's parts and `args_list` has one flat list of arguments per
+  # partition, each that partition's parts. Shardy partitions the program
+  # (inputs annotated as given, results left open, so it propagates
+  # shardings to them) and the result is one container per partition, on
+  # its device, with that device's part of each result.
+  def shard_jit(key, mesh, vars, fun, args_list, opts) do
     {shardings, opts} = Keyword.pop(opts, :input_shardings)
+    opts = EXLA.Defn.Compilation.validate_options!(opts)
+    client = EXLA.Client.fetch!(opts[:client])
+    partitions = Sharding.mesh_partitions!(mesh, client.device_count)
+
+    if length(args_list) != partitions do
+      raise ArgumentError,
+            "expected one list of arguments per partition of the mesh #{inspect(mesh)} " <>
+              "(#{partitions}), got #{length(args_list)}"
+    end
+
     inputs = Composite.flatten_list(vars)
     shardings = mesh_shardings!(shardings, inputs, mesh)
-    whole = whole_vars(vars, shardings, shape)
-    opts = EXLA.Defn.Compilation.validate_options!(opts)
-    build = fn -> build(key, whole, fun, shape, shardings, opts, :parts) end
+    whole = whole_vars(vars, shardings, mesh.shape)
+    build = fn -> build_mesh(key, whole, fun, mesh, partitions, shardings, opts) end
     vars_key = EXLA.Defn.Compilation.vars_key(whole)
-    cache_key = {:shard_jit_parts, key, vars_key, shape, shardings, opts}
+    cache_key = {:shard_jit_mesh, key, vars_key, mesh, shardings, opts}
 
     {_hit_miss_or_off, compiled} =
       LockedCache.fetch_or_build(opts[:cache], cache_key, :permanent, build)
@@ -76,71 +90,72 @@ defmodule EXLA.Defn.Sharded do
   defp mesh_shardings!(shardings, inputs, mesh) when is_list(shardings) do
     if length(shardings) != length(inputs) do
       raise ArgumentError,
-            "expected #{length(inputs)} input sharding configuration(s), got #{length(shardings)}"
+            "expected #{length(inputs)} input sharding configuration(s), one per input " <>
+              "tensor, got #{length(shardings)}"
     end
 
-    Enum.zip_with(inputs, shardings, fn t, sharding ->
-      unless is_map(sharding) do
-        raise ArgumentError,
-              "expected each input sharding to be a map of tensor axes to lists of mesh " <>
-                "axes, got: #{inspect(sharding)}"
-      end
-
-      for {axis, mesh_axes} <- sharding, mesh_axes != [], into: %{} do
-        axis = if is_atom(axis), do: Nx.axis_index(t, axis), else: axis
-
-        case mesh_axes do
-          [mesh_axis] when is_integer(mesh_axis) ->
-            {axis, mesh_axis}
-
-          _ ->
-            raise ArgumentError,
-                  "EXLA splits a tensor axis over one mesh axis, got #{inspect(mesh_axes)} " <>
-                    "for axis #{inspect(axis)} of mesh #{inspect(mesh)}"
-        end
-      end
+    inputs
+    |> Enum.zip(shardings)
+    |> Enum.with_index(fn {t, sharding}, index ->
+      Sharding.mesh_sharding!(sharding, t, mesh.shape, index)
     end)
   end
 
   defp mesh_shardings!(other, _inputs, _mesh) do
     raise ArgumentError,
-          "input_shardings are required for sharding in EXLA (a list of maps), got: " <>
-            inspect(other)
+          "input_shardings are required for sharding in EXLA: a list with one map per " <>
+            "input tensor of its axes to lists of mesh axes, got: #{inspect(other)}"
   end
 
   # The whole inputs of which `vars` are the parts.
   defp whole_vars(vars, shardings, shape) do
-    whole = fn t, [sharding | rest] ->
-      dims =
-        Enum.reduce(sharding, t.shape, fn {axis, mesh_axis}, dims ->
-          put_elem(dims, axis, elem(dims, axis) * elem(shape, mesh_axis))
-        end)
-
-      {%{t | shape: dims}, rest}
+    whole = fn t, [dim_axes | rest] ->
+      {%{t | shape: Sharding.whole_dims(t.shape, dim_axes, shape)}, rest}
     end
 
     {vars, []} = Enum.map_reduce(vars, shardings, &Composite.traverse(&1, &2, whole))
     vars
   end
 
-  defp run_parts(%__MODULE__{exe: exe} = compiled, args_list) do
-    if length(args_list) != length(exe.devices) do
-      raise ArgumentError,
-            "expected one list of arguments per partition (#{length(exe.devices)}), got " <>
-              "#{length(args_list)}"
-    end
+  defp build_mesh(key, vars, fun, mesh, partitions, shardings, opts) do
+    client = EXLA.Client.fetch!(opts[:client])
+    inputs = Composite.flatten_list(vars)
+    annotation = &[{"sdy.sharding", Sharding.sdy_sharding(mesh.name, &1)}]
 
+    # Each input is annotated with its sharding, the results are left open
+    # (Shardy propagates shardings to them, and the plugin tells each
+    # device's part's shape).
+    layout = %{
+      lowering: [
+        arg_attrs: Enum.map(shardings, annotation),
+        module_ops: [Sharding.sdy_mesh(mesh.name, mesh.shape)]
+      ],
+      part_dims: &Sharding.part_dims_of(&1, &2, mesh.shape),
+      results: :parts,
+      compile: [num_partitions: partitions, partitioner: :shardy]
+    }
+
+    EXLA.Defn.Compilation.compilation(key, vars, fun, opts, fn expr ->
+      {compile(client, expr, inputs, mesh, shardings, layout, opts), :off}
+    end)
+  end
+
+  defp run_parts(%__MODULE__{} = compiled, args_list) do
     lists =
-      for args <- args_list do
+      args_list
+      |> Enum.with_index()
+      |> Enum.map(fn {args, partition} ->
         Enum.zip_with(compiled.params, compiled.part_shapes, fn i, shape ->
-          {Nx.to_binary(host_tensor(Enum.at(args, i), shape.dtype)), shape}
+          t = host_tensor(Enum.at(args, i), shape.dtype)
+          check_part!(t, shape, i, partition)
+          {Nx.to_binary(t), shape}
         end)
-      end
+      end)
 
-    for outputs <- Executable.run(exe, lists) do
+    for outputs <- Executable.run(compiled.exe, lists) do
       {result, []} =
         Composite.traverse(compiled.output, outputs, fn template, [buffer | buffers] ->
-          part = %{template | shape: buffer.shape.dims, names: part_names(buffer.shape.dims)}
+          part = %{template | shape: buffer.shape.dims}
           {%{part | data: %EXLA.Backend{buffer: buffer}}, buffers}
         end)
 
@@ -148,7 +163,19 @@ defmodule EXLA.Defn.Sharded do
     end
   end
 
-  defp part_names(dims), do: List.duplicate(nil, tuple_size(dims))
+  # Nx takes the inputs' shapes from the first partition's arguments: the
+  # others must have the same.
+  defp check_part!(%Nx.Tensor{type: type, shape: dims}, %{dtype: type, dims: dims}, _, _),
+    do: :ok
+
+  defp check_part!(t, shape, input, partition) do
+    raise ArgumentError,
+          "input #{input} of partition #{partition} is a tensor #{type_and_shape(t.type, t.shape)}, " <>
+            "but the first partition's is #{type_and_shape(shape.dtype, shape.dims)}: " <>
+            "every partition's part of an input has the same type and shape"
+  end
+
+  defp type_and_shape(type, dims), do: "#{Nx.Type.to_string(type)}#{inspect(dims)}"
 
   ## Compilation
 
@@ -156,7 +183,7 @@ defmodule EXLA.Defn.Sharded do
     {mesh, opts} = Keyword.pop(opts, :mesh)
     {shardings, opts} = Keyword.pop(opts, :input_shardings)
     opts = EXLA.Defn.Compilation.validate_options!(opts)
-    build = fn -> build(key, vars, fun, mesh, shardings, opts, :whole) end
+    build = fn -> build(key, vars, fun, mesh, shardings, opts) end
     cache_key = {:shard_jit, key, EXLA.Defn.Compilation.vars_key(vars), mesh, shardings, opts}
 
     {_hit_miss_or_off, compiled} =
@@ -165,10 +192,9 @@ defmodule EXLA.Defn.Sharded do
     compiled
   end
 
-  # `results` is :whole (EXLA.shard_jit/3 with a tuple mesh: every
-  # partition has the whole results) or :parts (Nx.Defn.shard_jit/3: XLA's
-  # partitioner lays the results out, each partition returns its part).
-  defp build(key, vars, fun, mesh, shardings, opts, results) do
+  # EXLA.shard_jit/3 with a tuple mesh: every partition has the whole
+  # results.
+  defp build(key, vars, fun, mesh, shardings, opts) do
     client = EXLA.Client.fetch!(opts[:client])
     partitions = Sharding.partitions!(mesh, client.device_count)
     inputs = Composite.flatten_list(vars)
@@ -176,13 +202,12 @@ defmodule EXLA.Defn.Sharded do
 
     # The partitioned program is compiled afresh (it skips the disk cache).
     EXLA.Defn.Compilation.compilation(key, vars, fun, opts, fn expr ->
-      {compile(client, expr, inputs, mesh, partitions, shardings, opts, results), :off}
+      layout = tuple_layout(inputs, expr, mesh, partitions, shardings)
+      {compile(client, expr, inputs, mesh, shardings, layout, opts), :off}
     end)
   end
 
-  defp compile(client, expr, inputs, mesh, partitions, shardings, opts, results) do
-    # Each parameter is annotated with its input's sharding, each result as
-    # replicated for whole results, the module with its partition count.
+  defp tuple_layout(inputs, expr, mesh, partitions, shardings) do
     arg_attrs =
       Enum.zip_with(inputs, shardings, fn t, sharding ->
         [{"mhlo.sharding", ~s("#{Sharding.annotation(sharding, tuple_size(t.shape), mesh)}")}]
@@ -190,41 +215,51 @@ defmodule EXLA.Defn.Sharded do
 
     result_count = length(Composite.flatten_list([expr]))
 
+    # Each input is annotated with its sharding, each result as replicated,
+    # the module with its partition count.
+    %{
+      lowering: [
+        arg_attrs: arg_attrs,
+        result_attrs: List.duplicate([{"mhlo.sharding", ~s("{replicated}")}], result_count),
+        module_attrs: [
+          {"mhlo.num_partitions", "#{partitions} : i32"},
+          {"mhlo.num_replicas", "1 : i32"}
+        ]
+      ],
+      part_dims: &Sharding.part_dims(&1, &2, mesh),
+      results: :whole,
+      compile: [num_partitions: partitions]
+    }
+  end
+
+  # Lowers `expr` with the annotations of `layout` and compiles it for its
+  # partitions. Each device's parameters are its parts of the inputs the
+  # program reads (without donation, lazy inputs or hooks, none of which
+  # is given here, the lowering keeps exactly those as parameters); its
+  # results are whole (`results: :whole`) or the parts the partitioner gave
+  # it, whose shapes the plugin tells (`:parts`).
+  defp compile(client, expr, inputs, mesh, shardings, layout, opts) do
     %{program: program, used_inputs: params} =
       EXLA.Defn.Lowering.to_mlir(
         expr,
         Enum.map(inputs, &EXLA.Defn.Compilation.to_shape/1),
-        [
-          precision: opts[:precision],
-          arg_attrs: arg_attrs,
-          result_attrs: result_attrs(results, result_count),
-          module_attrs: [
-            {"mhlo.num_partitions", "#{partitions} : i32"},
-            {"mhlo.num_replicas", "1 : i32"}
-          ]
-        ] ++ EXLA.Defn.Lowering.client_options(client)
+        [precision: opts[:precision]] ++
+          layout.lowering ++ EXLA.Defn.Lowering.client_options(client)
       )
 
-    # The inputs the program reads are its parameters: without donation,
-    # lazy inputs or hooks (none is given above), the lowering keeps exactly
-    # those.
     param_shardings = Enum.map(params, &Enum.at(shardings, &1))
-    param_inputs = Enum.map(params, &Enum.at(inputs, &1))
 
     part_shapes =
-      Enum.zip_with(param_inputs, param_shardings, fn t, sharding ->
-        EXLA.Shape.make_shape(t.type, Sharding.part_dims(t.shape, sharding, mesh))
+      Enum.zip_with(params, param_shardings, fn i, sharding ->
+        t = Enum.at(inputs, i)
+        EXLA.Shape.make_shape(t.type, layout.part_dims.(t.shape, sharding))
       end)
 
-    # Each device's parameters are its parts of the inputs; its results
-    # are the whole results (replicated), or the parts the partitioner
-    # gave it, whose shapes the plugin tells.
-    output_shapes = if results == :whole, do: program.output_shapes
+    output_shapes = if layout.results == :whole, do: program.output_shapes
     program = %{program | input_shapes: part_shapes, output_shapes: output_shapes}
-    exe = Executable.compile(client, program, num_partitions: partitions)
 
     %__MODULE__{
-      exe: exe,
+      exe: Executable.compile(client, program, layout.compile),
       mesh: mesh,
       params: params,
       shardings: param_shardings,
@@ -232,11 +267,6 @@ defmodule EXLA.Defn.Sharded do
       output: Composite.traverse(expr, &%{&1 | data: %Nx.TemplateBackend{}})
     }
   end
-
-  defp result_attrs(:whole, count),
-    do: List.duplicate([{"mhlo.sharding", ~s("{replicated}")}], count)
-
-  defp result_attrs(:parts, _count), do: []
 
   defp input_shardings!(nil, inputs, _mesh), do: Enum.map(inputs, fn _ -> %{} end)
 

@@ -187,6 +187,10 @@ defmodule EXLA.MLIR.Builder do
 
     * `:module_attrs` - a list of `{name, text}` attributes of the module
       (`module attributes {...}`). Defaults to none
+
+    * `:module_ops` - lines of text, each an operation of the module
+      written before the function, such as the `sdy.mesh` a sharded
+      program's annotations refer to. Defaults to none
   """
   def module(name, arg_types, body_fun, assigns \\ %{}, opts \\ []) do
     opts =
@@ -195,7 +199,8 @@ defmodule EXLA.MLIR.Builder do
         kept: nil,
         arg_attrs: [],
         result_attrs: [],
-        module_attrs: []
+        module_attrs: [],
+        module_ops: []
       )
 
     args =
@@ -229,6 +234,7 @@ defmodule EXLA.MLIR.Builder do
     text =
       IO.iodata_to_binary([
         module_header(opts[:module_attrs]),
+        Enum.map(opts[:module_ops], &["  ", &1, "\n"]),
         "  func.func public @#{name}(#{args_text}) -> (#{results_text}) {\n",
         b.lines,
         "  }\n",

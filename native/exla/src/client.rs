@@ -29,14 +29,21 @@ pub struct ClientResource {
 type CompileOverrides = Vec<(String, pjrt::OptionOverride)>;
 
 impl ClientResource {
-    /// The options of a compilation on this client.
-    pub fn compile_options(&self, num_replicas: i64, num_partitions: i64) -> pjrt::CompileOptions {
+    /// The options of a compilation on this client; `shardy` picks Shardy
+    /// as the partitioner of a program of several partitions.
+    pub fn compile_options(
+        &self,
+        num_replicas: i64,
+        num_partitions: i64,
+        shardy: bool,
+    ) -> pjrt::CompileOptions {
         pjrt::CompileOptions {
             device_ordinal: -1,
             num_replicas,
             num_partitions,
             // Plugins refuse several partitions unless SPMD partitions them.
             use_spmd_partitioning: num_partitions > 1,
+            use_shardy_partitioner: shardy && num_partitions > 1,
             env_option_overrides: self.compile_overrides.clone(),
         }
     }

@@ -71,10 +71,11 @@ fn executable_compile<'a>(
     device: usize,
     num_replicas: i64,
     num_partitions: i64,
+    shardy: bool,
     reference: Term<'a>,
 ) -> NifResult<Atom> {
     let inputs = shapes(input_shapes)?;
-    let options = client.compile_options(num_replicas, num_partitions);
+    let options = client.compile_options(num_replicas, num_partitions, shardy);
     let mlir = mlir.as_slice().to_vec();
     pool::reply_later(env, pool::compiles(), reference, move || {
         let started = Instant::now();

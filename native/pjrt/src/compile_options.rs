@@ -17,6 +17,11 @@ pub struct CompileOptions {
     /// partitions, following the program's sharding annotations. Plugins
     /// refuse more than one partition without it.
     pub use_spmd_partitioning: bool,
+    /// Whether Shardy, rather than GSPMD, propagates the shardings and
+    /// partitions the program: it reads `sdy.sharding` annotations and
+    /// propagates shardings to the results the program leaves open (GSPMD
+    /// makes them replicated).
+    pub use_shardy_partitioner: bool,
     /// XLA `DebugOptions` fields set by name for this compilation, applied
     /// on top of the plugin's defaults and `XLA_FLAGS`; a later entry wins
     /// over an earlier one of the same name. An unknown name fails the
@@ -31,6 +36,7 @@ impl Default for CompileOptions {
             num_replicas: 1,
             num_partitions: 1,
             use_spmd_partitioning: false,
+            use_shardy_partitioner: false,
             env_option_overrides: Vec::new(),
         }
     }
@@ -39,8 +45,8 @@ impl Default for CompileOptions {
 impl CompileOptions {
     /// Encodes `CompileOptionsProto { executable_build_options (3):
     /// ExecutableBuildOptionsProto { device_ordinal (1), num_replicas (4),
-    /// num_partitions (5), use_spmd_partitioning (6), device_assignment (9)
-    /// } }`.
+    /// num_partitions (5), use_spmd_partitioning (6), device_assignment (9),
+    /// use_shardy_partitioner (19) } }`.
     ///
     /// A device ordinal of 0 or more also becomes a device assignment
     /// (`DeviceAssignmentProto { replica_count (1), computation_count (2),
@@ -85,6 +91,9 @@ impl CompileOptions {
             put_int_field(&mut assignment, 2, 1);
             put_bytes_field(&mut assignment, 3, &computation);
             put_bytes_field(&mut build, 9, &assignment);
+        }
+        if self.use_shardy_partitioner {
+            put_int_field(&mut build, 19, 1);
         }
         let mut out = Vec::with_capacity(build.len() + 4);
         put_bytes_field(&mut out, 3, &build);
@@ -219,6 +228,22 @@ mod tests {
         assert_eq!(bytes.len(), base.len() + 2);
         assert_eq!(bytes[1], base[1] + 2);
         assert_eq!(&bytes[bytes.len() - 4..], [0x28, 0x02, 0x30, 0x01]);
+    }
+
+    #[test]
+    fn asks_for_shardy() {
+        let options = CompileOptions {
+            num_partitions: 4,
+            use_spmd_partitioning: true,
+            use_shardy_partitioner: true,
+            ..CompileOptions::default()
+        };
+        let bytes = options.encode().unwrap();
+        // Field 19 (varint) is the two-byte tag 0x98 0x01, then true.
+        assert_eq!(
+            &bytes[bytes.len() - 7..],
+            [0x28, 0x04, 0x30, 0x01, 0x98, 0x01, 0x01]
+        );
     }
 
     #[test]
