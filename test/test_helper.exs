@@ -30,6 +30,13 @@ no_nx =
   for(fact <- nx_facts, not apply(EXLA.NxVersion, fact, []), do: {:nx, fact}) ++
     for line <- [:v0_7, :v0_12, :v0_13], line != EXLA.NxVersion.line(), do: {:nx, line}
 
+# OTP 26 and later let the NIF make erlang:halt/1 wait for native work
+# (native/exla/src/halt.rs); :halt_hook tests need it.
+no_halt_hook =
+  if :erlang.system_info(:otp_release) |> List.to_integer() >= 26, do: [], else: [:halt_hook]
+
 ExUnit.start(
-  exclude: [:slow, :distributed] ++ no_fault_injection ++ no_cargo ++ by_platform ++ no_nx
+  exclude:
+    [:slow, :distributed] ++
+      no_fault_injection ++ no_cargo ++ by_platform ++ no_nx ++ no_halt_hook
 )

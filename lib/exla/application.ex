@@ -34,7 +34,8 @@ defmodule EXLA.Application do
   # tables of the plugin that a compile, or oneDNN's code generation in a
   # plugin warm-up (EXLA.Client.WarmUp), is using, and the VM crashes
   # (segfault). Runs are not waited for (a run may wait for a BEAM
-  # process, as host callbacks do). `System.halt/1` waits for nothing.
+  # process, as host callbacks do). `System.halt/1` skips all this; on OTP
+  # 26+ the NIF makes it wait instead (native/exla/src/halt.rs).
   def await_native_work(timeout \\ 10_000) do
     EXLA.Client.WarmUp.await(timeout)
     EXLA.NIF.compiles_wait_idle(timeout)

@@ -68,6 +68,11 @@ impl BeamCallback {
             if self.closed.load(Ordering::Acquire) {
                 return Err("the stream was closed".into());
             }
+            // No one will answer once the VM halts; the run must end for
+            // the halt to go on (see `pool::on_halt`).
+            if crate::pool::exiting() {
+                return Err("the VM is halting".into());
+            }
             match self.input.recv_timeout(POLL) {
                 Ok(chunk) => break chunk,
                 Err(RecvTimeoutError::Timeout) => continue,

@@ -17,6 +17,7 @@ mod error;
 mod executable;
 #[cfg(feature = "fault-injection")]
 mod fault;
+mod halt;
 mod host_heap;
 mod ipc;
 mod memory;
@@ -24,8 +25,9 @@ mod pool;
 mod resource;
 mod xla_options;
 
-fn load(_env: rustler::Env, _info: rustler::Term) -> bool {
+fn load(env: rustler::Env, _info: rustler::Term) -> bool {
     diagnostics::install();
+    halt::install(env);
     true
 }
 

@@ -28,10 +28,12 @@
 //! The VM must not exit while a compile is under way: C++ exit handlers
 //! free the compiler's global tables under it (a segfault in about one
 //! script in five that ended during a compile). `compiles_wait_idle` lets
-//! an orderly exit wait for the compile pool's jobs, queued or running.
+//! an orderly exit wait for the compile pool's jobs, queued or running,
+//! and `on_halt` makes `erlang:halt/1` wait for them and for the run
+//! pool's jobs (see `halt.rs`).
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -68,9 +70,10 @@ pub struct Pool {
     name: &'static str,
     stack_size: usize,
     max_threads: usize,
-    /// Counts its jobs in `COMPILES_IN_FLIGHT` (see the module's doc): the
-    /// compile and serialization pools.
-    awaited_at_exit: bool,
+    /// Where its jobs are counted while queued or running (see the
+    /// module's doc): `COMPILES_IN_FLIGHT` for the compile and
+    /// serialization pools, `RUNS_IN_FLIGHT` for the run pool.
+    in_flight: Option<&'static AtomicUsize>,
     jobs: Sender<Job>,
     queue: Receiver<Job>,
     counts: Mutex<Counts>,
@@ -104,14 +107,18 @@ pub fn serializes() -> &'static Pool {
 fn compiler_pool(name: &'static str) -> Pool {
     let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
     let mut pool = Pool::new(name, COMPILE_STACK, cores.max(2));
-    pool.awaited_at_exit = true;
+    pool.in_flight = Some(&COMPILES_IN_FLIGHT);
     pool
 }
 
 /// The pool for programs that may run long.
 pub fn runs() -> &'static Pool {
     static POOL: OnceLock<Pool> = OnceLock::new();
-    POOL.get_or_init(|| Pool::new("exla-run", RUN_STACK, usize::MAX))
+    POOL.get_or_init(|| {
+        let mut pool = Pool::new("exla-run", RUN_STACK, usize::MAX);
+        pool.in_flight = Some(&RUNS_IN_FLIGHT);
+        pool
+    })
 }
 
 /// The one thread that destroys values handed over by `OffThread`. One is
@@ -171,7 +178,7 @@ impl Pool {
             name,
             stack_size,
             max_threads,
-            awaited_at_exit: false,
+            in_flight: None,
             jobs,
             queue,
             counts: Mutex::default(),
@@ -185,14 +192,19 @@ impl Pool {
     /// Queues `job`, starting a thread for it when none is idle (and the
     /// pool may grow).
     pub fn submit(&'static self, job: Job) -> std::io::Result<()> {
-        let job = if self.awaited_at_exit {
-            let in_flight = InFlight::enter();
-            Box::new(move || {
-                let _in_flight = in_flight;
-                job()
-            })
-        } else {
-            job
+        let job = match self.in_flight {
+            Some(counter) => {
+                let in_flight = InFlight::enter(counter);
+                Box::new(move || {
+                    let _in_flight = in_flight;
+                    // The VM halts: no new work may start in the plugin,
+                    // whose exit handlers are about to run.
+                    if !exiting() {
+                        job()
+                    }
+                }) as Job
+            }
+            None => job,
         };
         let mut counts = self.counts();
         if counts.queued >= counts.idle && counts.threads < self.max_threads {
@@ -253,38 +265,59 @@ impl Pool {
     }
 }
 
-/// Jobs of the compile pool queued or running.
+/// Jobs of the compile and serialization pools queued or running.
 static COMPILES_IN_FLIGHT: AtomicUsize = AtomicUsize::new(0);
 
-/// One job counted in `COMPILES_IN_FLIGHT` until dropped (with the job,
-/// run or not).
-struct InFlight;
+/// Jobs of the run pool queued or running.
+static RUNS_IN_FLIGHT: AtomicUsize = AtomicUsize::new(0);
+
+/// Set once the VM halts (see `on_halt`).
+static EXITING: AtomicBool = AtomicBool::new(false);
+
+/// Whether the VM is halting: work not yet started is skipped, and host
+/// callbacks stop waiting for the BEAM, which no longer answers.
+pub fn exiting() -> bool {
+    EXITING.load(Ordering::Acquire)
+}
+
+/// One job counted in a pool's counter until dropped (with the job, run
+/// or not).
+struct InFlight(&'static AtomicUsize);
 
 impl InFlight {
-    fn enter() -> InFlight {
-        COMPILES_IN_FLIGHT.fetch_add(1, Ordering::SeqCst);
-        InFlight
+    fn enter(counter: &'static AtomicUsize) -> InFlight {
+        counter.fetch_add(1, Ordering::SeqCst);
+        InFlight(counter)
     }
 }
 
 impl Drop for InFlight {
     fn drop(&mut self) {
-        COMPILES_IN_FLIGHT.fetch_sub(1, Ordering::SeqCst);
+        self.0.fetch_sub(1, Ordering::SeqCst);
     }
+}
+
+/// Called as the VM halts, before the C++ exit handlers: no new job starts,
+/// and the jobs running (compiles, serializations, runs) are waited for,
+/// for at most `timeout`. A run waiting for a host callback ends at once
+/// (its call site sees `exiting`). Returns whether all ended.
+pub fn on_halt(timeout: Duration) -> bool {
+    EXITING.store(true, Ordering::Release);
+    wait_until_idle(&[&COMPILES_IN_FLIGHT, &RUNS_IN_FLIGHT], timeout)
 }
 
 /// Waits until no compile, serialization or deserialization is queued or
 /// running, for at most `timeout_ms`; returns whether none is.
 #[rustler::nif(schedule = "DirtyIo")]
 fn compiles_wait_idle(timeout_ms: u64) -> bool {
-    wait_for_compiles(Duration::from_millis(timeout_ms))
+    wait_until_idle(&[&COMPILES_IN_FLIGHT], Duration::from_millis(timeout_ms))
 }
 
 /// Polls: it only runs as the VM exits.
-fn wait_for_compiles(timeout: Duration) -> bool {
+fn wait_until_idle(counters: &[&AtomicUsize], timeout: Duration) -> bool {
     let deadline = Instant::now() + timeout;
     loop {
-        if COMPILES_IN_FLIGHT.load(Ordering::SeqCst) == 0 {
+        if counters.iter().all(|c| c.load(Ordering::SeqCst) == 0) {
             return true;
         }
         if Instant::now() >= deadline {
@@ -333,12 +366,13 @@ mod tests {
         Box::leak(Box::new(Pool::new("exla-test", 1 << 20, max_threads)))
     }
 
-    /// Waiting for the compile pool covers queued jobs and running ones,
-    /// and gives up at the timeout.
+    /// Waiting for a counted pool covers queued jobs and running ones, and
+    /// gives up at the timeout.
     #[test]
-    fn waits_for_compile_jobs_queued_or_running() {
+    fn waits_for_counted_jobs_queued_or_running() {
+        let counter: &'static AtomicUsize = Box::leak(Box::new(AtomicUsize::new(0)));
         let pool = Box::leak(Box::new(Pool::new("exla-test", 1 << 20, 1)));
-        pool.awaited_at_exit = true;
+        pool.in_flight = Some(counter);
         let done = Arc::new(AtomicUsize::new(0));
         for _ in 0..2 {
             let done = done.clone();
@@ -348,8 +382,8 @@ mod tests {
             }))
             .unwrap();
         }
-        assert!(!wait_for_compiles(Duration::from_millis(20)));
-        assert!(wait_for_compiles(Duration::from_secs(10)));
+        assert!(!wait_until_idle(&[counter], Duration::from_millis(20)));
+        assert!(wait_until_idle(&[counter], Duration::from_secs(10)));
         assert_eq!(done.load(Ordering::SeqCst), 2);
     }
 
