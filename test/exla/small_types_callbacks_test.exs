@@ -9,8 +9,6 @@ defmodule EXLA.SmallTypesCallbacksTest do
   @moduletag nx: :small_types?
 
   if EXLA.NxVersion.small_types?() do
-    import ExUnit.CaptureIO
-
     @types [s2: [-2, -1, 0, 1], s4: [-8, -3, 0, 7], u2: [0, 1, 2, 3], u4: [0, 5, 9, 15]]
 
     defp evaluator(fun, args), do: Nx.Defn.jit_apply(fun, args, compiler: Nx.Defn.Evaluator)
@@ -66,8 +64,8 @@ defmodule EXLA.SmallTypesCallbacksTest do
       test "print_value prints a #{type} tensor as the reference does" do
         x = Nx.tensor(@values, type: @type_)
         fun = fn x -> Nx.Defn.Kernel.print_value(Nx.multiply(x, 1)) end
-        printed = capture_io(fn -> same!(exla(fun, [x]), Nx.multiply(x, 1)) end)
-        reference = capture_io(fn -> evaluator(fun, [x]) end)
+        printed = ExUnit.CaptureIO.capture_io(fn -> same!(exla(fun, [x]), Nx.multiply(x, 1)) end)
+        reference = ExUnit.CaptureIO.capture_io(fn -> evaluator(fun, [x]) end)
         assert printed =~ "#{@type_}"
         assert printed_value(printed) == printed_value(reference)
       end
