@@ -539,6 +539,17 @@ defmodule EXLA do
     EXLA.Defn.__with_mode__(:cached?, fn -> jit_apply(function, args, options) end)
   end
 
+  @mlir_mesh_doc """
+
+    * `:mesh` - an `%Nx.Mesh{}`: the module is the one `shard_jit/3`
+      compiles for that mesh, with `:input_shardings` (required, as
+      `shard_jit/3` takes them), and `args` is one list of arguments per
+      partition, as the function `shard_jit/3` returns takes. The module
+      declares the mesh (`sdy.mesh`) and each parameter's sharding
+      (`sdy.sharding`), and its types are those of the whole inputs
+  """
+  @mlir_mesh_doc if EXLA.NxVersion.blocks?(), do: @mlir_mesh_doc, else: ""
+
   @doc """
   Returns the StableHLO module `function` compiles to for `args`, as a map
   of:
@@ -561,7 +572,7 @@ defmodule EXLA do
       is being compiled (from a compiler's callback, or a function that
       `defn` traces): the function is lowered although another compilation
       is under way, where Nx would otherwise raise. Defaults to `false`.
-
+  #{@mlir_mesh_doc}
   ## Examples
 
       iex> fun = fn x, y -> Nx.add(Nx.sin(x), y) end
@@ -585,8 +596,29 @@ defmodule EXLA do
     end
 
     options = if nested?, do: [on_conflict: :force] ++ options, else: options
-    result = EXLA.Defn.__with_mode__(:to_mlir, fn -> jit_apply(function, args, options) end)
+    {mesh, options} = Keyword.pop(options, :mesh)
+    run = mlir_module_run(function, args, mesh, options)
+    result = EXLA.Defn.__with_mode__(:to_mlir, run)
     %{result | used_inputs: MapSet.new(result.used_inputs)}
+  end
+
+  defp mlir_module_run(function, args, nil, options) do
+    if Keyword.has_key?(options, :input_shardings) do
+      raise ArgumentError,
+            "input sharding configuration provided but no device mesh was provided " <>
+              "(the :mesh option)"
+    end
+
+    fn -> jit_apply(function, args, options) end
+  end
+
+  if EXLA.NxVersion.blocks?() do
+    defp mlir_module_run(function, args, %Nx.Mesh{} = mesh, options),
+      do: fn -> shard_jit(function, mesh, options).(args) end
+  end
+
+  defp mlir_module_run(_function, _args, mesh, _options) do
+    raise ArgumentError, "expected :mesh to be an %Nx.Mesh{}, got: #{inspect(mesh)}"
   end
 
   @impl Nx.Defn.Compiler

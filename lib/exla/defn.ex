@@ -107,6 +107,14 @@ defmodule EXLA.Defn do
   ## Modes used by EXLA.cached?/3 and EXLA.to_mlir_module/3
 
   @doc false
+  # The mode EXLA.cached?/3 or EXLA.to_mlir_module/3 set, or nil.
+  def __mode__, do: Process.get(@mode_key)
+
+  @doc false
+  # Ends the compilation under way with `result`, given to __with_mode__/2.
+  def __mode_result__(result), do: throw({@throw_tag, result})
+
+  @doc false
   def __with_mode__(mode, fun) when mode in [:cached?, :to_mlir] do
     previous = Process.put(@mode_key, mode)
 

@@ -349,5 +349,46 @@ defmodule EXLA.ShardJitMeshTest do
                      fn -> shard_jit(&Nx.negate/1, mesh({2}), [%{0 => [0]}]).(args) end
       end
     end
+
+    describe "EXLA.to_mlir_module/3 with :mesh" do
+      test "gives the annotated module of the whole inputs, needing no devices" do
+        # 8 partitions where the default client has fewer devices: nothing runs.
+        mesh = mesh({2, 4})
+        args = List.duplicate([Nx.template({4, 1}, :s32), Nx.template({4, 1}, :f32)], 8)
+        fun = fn x, y -> Nx.add(x, y) end
+        shardings = [%{0 => [0], 1 => [1]}, %{0 => [0]}]
+
+        %{mlir_module: mlir, used_inputs: used, output_container: out} =
+          EXLA.to_mlir_module(fun, args, mesh: mesh, input_shardings: shardings)
+
+        assert mlir =~ ~s(sdy.mesh @mesh = <["axis_0"=2, "axis_1"=4]>)
+
+        assert mlir =~
+                 ~s(%arg0: tensor<8x4xi32> {sdy.sharding = #sdy.sharding<@mesh, [{"axis_0"}, {"axis_1"}]>})
+
+        assert mlir =~
+                 ~s(%arg1: tensor<8x1xf32> {sdy.sharding = #sdy.sharding<@mesh, [{"axis_0"}, {}]>})
+
+        assert used == MapSet.new([0, 1])
+        assert %Nx.Tensor{type: {:f, 32}, shape: {8, 4}} = out
+      end
+
+      test "input shardings without a mesh, and a mesh that is not an Nx.Mesh, raise" do
+        assert_raise ArgumentError, ~r/no device mesh was provided/, fn ->
+          EXLA.to_mlir_module(&Nx.negate/1, [Nx.iota({2})], input_shardings: [%{0 => [0]}])
+        end
+
+        assert_raise ArgumentError, ~r/expected :mesh to be an %Nx.Mesh\{\}, got: \{2\}/, fn ->
+          EXLA.to_mlir_module(&Nx.negate/1, [Nx.iota({2})], mesh: {2})
+        end
+
+        assert_raise ArgumentError, ~r/one list of arguments per partition/, fn ->
+          EXLA.to_mlir_module(&Nx.negate/1, [[Nx.iota({2})]],
+            mesh: mesh({2}),
+            input_shardings: [%{0 => [0]}]
+          )
+        end
+      end
+    end
   end
 end

@@ -66,7 +66,10 @@ defmodule EXLA.Defn.Sharded do
     {shardings, opts} = Keyword.pop(opts, :input_shardings)
     opts = EXLA.Defn.Compilation.validate_options!(opts)
     client = EXLA.Client.fetch!(opts[:client])
-    partitions = Sharding.mesh_partitions!(mesh, client.device_count)
+    # A module that is only lowered (EXLA.to_mlir_module/3) needs no devices.
+    lowered_only? = EXLA.Defn.__mode__() == :to_mlir
+    devices = if lowered_only?, do: :any, else: client.device_count
+    partitions = Sharding.mesh_partitions!(mesh, devices)
 
     if length(args_list) != partitions do
       raise ArgumentError,
@@ -77,6 +80,11 @@ defmodule EXLA.Defn.Sharded do
     inputs = Composite.flatten_list(vars)
     shardings = mesh_shardings!(shardings, inputs, mesh)
     whole = whole_vars(vars, shardings, mesh.shape)
+
+    if lowered_only? do
+      EXLA.Defn.__mode_result__(mesh_mlir_module(client, whole, fun, mesh, shardings, opts))
+    end
+
     build = fn -> build_mesh(key, whole, fun, mesh, partitions, shardings, opts) end
     vars_key = EXLA.Defn.Compilation.vars_key(whole)
     cache_key = {:shard_jit_mesh, key, vars_key, mesh, shardings, opts}
@@ -120,16 +128,9 @@ defmodule EXLA.Defn.Sharded do
   defp build_mesh(key, vars, fun, mesh, partitions, shardings, opts) do
     client = EXLA.Client.fetch!(opts[:client])
     inputs = Composite.flatten_list(vars)
-    annotation = &[{"sdy.sharding", Sharding.sdy_sharding(mesh.name, &1)}]
 
-    # Each input is annotated with its sharding, the results are left open
-    # (Shardy propagates shardings to them, and the plugin tells each
-    # device's part's shape).
     layout = %{
-      lowering: [
-        arg_attrs: Enum.map(shardings, annotation),
-        module_ops: [Sharding.sdy_mesh(mesh.name, mesh.shape)]
-      ],
+      lowering: mesh_lowering(mesh, shardings),
       part_dims: &Sharding.part_dims_of(&1, &2, mesh.shape),
       results: :parts,
       compile: [num_partitions: partitions, partitioner: :shardy]
@@ -138,6 +139,39 @@ defmodule EXLA.Defn.Sharded do
     EXLA.Defn.Compilation.compilation(key, vars, fun, opts, fn expr ->
       {compile(client, expr, inputs, mesh, shardings, layout, opts), :off}
     end)
+  end
+
+  # Each input is annotated with its sharding, the results are left open
+  # (Shardy propagates shardings to them, and the plugin tells each
+  # device's part's shape).
+  defp mesh_lowering(mesh, shardings) do
+    annotation = &[{"sdy.sharding", Sharding.sdy_sharding(mesh.name, &1)}]
+
+    [
+      arg_attrs: Enum.map(shardings, annotation),
+      module_ops: [Sharding.sdy_mesh(mesh.name, mesh.shape)]
+    ]
+  end
+
+  # What EXLA.to_mlir_module/3 gives for a mesh: the annotated module of the
+  # whole inputs, before XLA partitions it.
+  defp mesh_mlir_module(client, vars, fun, mesh, shardings, opts) do
+    expr = fun.(vars)
+    inputs = Composite.flatten_list(vars)
+
+    %{program: program, used_inputs: used_inputs} =
+      EXLA.Defn.Lowering.to_mlir(
+        expr,
+        Enum.map(inputs, &EXLA.Defn.Compilation.to_shape/1),
+        [precision: opts[:precision]] ++
+          mesh_lowering(mesh, shardings) ++ EXLA.Defn.Lowering.client_options(client)
+      )
+
+    %{
+      mlir_module: program.text,
+      used_inputs: used_inputs,
+      output_container: Composite.traverse(expr, &Nx.to_template/1)
+    }
   end
 
   defp run_parts(%__MODULE__{} = compiled, args_list) do
