@@ -350,6 +350,25 @@ defmodule EXLA.ShardJitMeshTest do
       end
     end
 
+    describe "host callbacks" do
+      test "a hook in the sharded function raises" do
+        fun = fn x -> Nx.Defn.Kernel.hook(Nx.add(x, 1), &IO.inspect/1) end
+
+        assert_raise ArgumentError, ~r/shard_jit does not support host callbacks/, fn ->
+          shard_jit(fun, mesh({2}), [%{0 => [0]}]).([[Nx.iota({2})], [Nx.iota({2})]])
+        end
+      end
+
+      @tag nx: :runtime_calls?
+      test "a runtime call in the sharded function raises" do
+        fun = fn x -> Nx.runtime_call(x, x, [], fn t, _ -> Nx.negate(t) end) end
+
+        assert_raise ArgumentError, ~r/shard_jit does not support host callbacks/, fn ->
+          shard_jit(fun, mesh({2}), [%{0 => [0]}]).([[Nx.iota({2})], [Nx.iota({2})]])
+        end
+      end
+    end
+
     describe "EXLA.to_mlir_module/3 with :mesh" do
       test "gives the annotated module of the whole inputs, needing no devices" do
         # 8 partitions where the default client has fewer devices: nothing runs.

@@ -129,6 +129,20 @@ defmodule EXLA.ShardJitTest do
     end
   end
 
+  test "host callbacks in the sharded function raise instead of being dropped" do
+    parent = self()
+    fun = fn x -> x |> Nx.add(1) |> Nx.Defn.Kernel.hook(&send(parent, {:hooked, &1})) end
+
+    assert_raise ArgumentError, ~r/shard_jit does not support host callbacks/, fn ->
+      shard_jit(fun, {2}, [%{0 => 0}]).(Nx.iota({4}))
+    end
+
+    refute_received {:hooked, _}
+    # A hook without a function calls nothing: the program runs.
+    quiet = fn x -> x |> Nx.add(1) |> Nx.Defn.Kernel.hook(:unused) end
+    assert_same(shard_jit(quiet, {2}, [%{0 => 0}]).(Nx.iota({4})), Nx.add(Nx.iota({4}), 1))
+  end
+
   test "the Shardy annotations of an Nx.Mesh" do
     assert EXLA.Sharding.sdy_mesh("mesh", {2, 1}) ==
              ~s(sdy.mesh @mesh = <["axis_0"=2, "axis_1"=1]>)

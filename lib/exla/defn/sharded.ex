@@ -157,6 +157,7 @@ defmodule EXLA.Defn.Sharded do
   # whole inputs, before XLA partitions it.
   defp mesh_mlir_module(client, vars, fun, mesh, shardings, opts) do
     expr = fun.(vars)
+    no_host_calls!(expr, opts)
     inputs = Composite.flatten_list(vars)
 
     %{program: program, used_inputs: used_inputs} =
@@ -273,6 +274,8 @@ defmodule EXLA.Defn.Sharded do
   # results are whole (`results: :whole`) or the parts the partitioner gave
   # it, whose shapes the plugin tells (`:parts`).
   defp compile(client, expr, inputs, mesh, shardings, layout, opts) do
+    no_host_calls!(expr, opts)
+
     %{program: program, used_inputs: params} =
       EXLA.Defn.Lowering.to_mlir(
         expr,
@@ -365,5 +368,18 @@ defmodule EXLA.Defn.Sharded do
   defp part(tensor, sharding, mesh, partition, shape) do
     start = Sharding.part_start(tensor.shape, sharding, mesh, partition)
     tensor |> Nx.slice(start, Tuple.to_list(shape.dims)) |> Nx.to_binary()
+  end
+
+  # A host callback runs once per call of a program, on its device; a
+  # partitioned program runs on every device of the mesh at once, and the
+  # partitioner does not place callbacks (upstream EXLA refuses them too).
+  # Without this, hooks were dropped and runtime calls failed obscurely.
+  defp no_host_calls!(expr, opts) do
+    if EXLA.Defn.Lowering.HostCalls.active?(expr, opts[:hooks] || %{}) do
+      raise ArgumentError,
+            "shard_jit does not support host callbacks in the function it shards: " <>
+              "hooks, print_value and runtime calls run on the host and cannot be " <>
+              "partitioned across the mesh's devices"
+    end
   end
 end
