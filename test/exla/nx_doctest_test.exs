@@ -60,32 +60,8 @@ defmodule EXLA.NxDoctestTest.Helpers do
   end
 end
 
-defmodule EXLA.NxDoctestTest.Setup do
-  @moduledoc false
-
-  defmacro __using__(_opts) do
-    quote do
-      use ExUnit.Case, async: true
-
-      # Nx 0.7.2's doctests (those of Nx 0.12 and 0.13 are in
-      # nx_line_doctest_test.exs).
-      @moduletag nx: :v0_7
-
-      setup_all do
-        Application.put_env(:exla, :add_backend_on_inspect, false)
-        :ok
-      end
-
-      setup do
-        Nx.default_backend(EXLA.Backend)
-        :ok
-      end
-    end
-  end
-end
-
 defmodule EXLA.NxDoctestTest do
-  use EXLA.NxDoctestTest.Setup
+  use EXLA.NxDoctestCase, nx: :v0_7
   import EXLA.NxDoctestTest.Helpers
 
   # XLA's f32 approximations of these functions are 1 or 2 ulp from the
@@ -185,7 +161,7 @@ defmodule EXLA.NxDoctestTest do
 end
 
 defmodule EXLA.NxDoctestTest.LinAlg do
-  use EXLA.NxDoctestTest.Setup
+  use EXLA.NxDoctestCase, nx: :v0_7
   import EXLA.NxDoctestTest.Helpers
 
   # Measured on the doctests (each failing example):
@@ -290,7 +266,7 @@ defmodule EXLA.NxDoctestTest.LinAlg do
 end
 
 defmodule EXLA.NxDoctestTest.Random do
-  use EXLA.NxDoctestTest.Setup
+  use EXLA.NxDoctestCase, nx: :v0_7
   import EXLA.NxDoctestTest.Helpers
 
   # Nx.Random.normal/4 and multivariate_normal/4 draw through erf_inv,
@@ -332,17 +308,17 @@ defmodule EXLA.NxDoctestTest.Random do
 end
 
 defmodule EXLA.NxDoctestTest.Constants do
-  use EXLA.NxDoctestTest.Setup
+  use EXLA.NxDoctestCase, nx: :v0_7
   doctest Nx.Constants
 end
 
 defmodule EXLA.NxDoctestTest.Batch do
-  use EXLA.NxDoctestTest.Setup
+  use EXLA.NxDoctestCase, nx: :v0_7
   doctest Nx.Batch
 end
 
 defmodule EXLA.NxDoctestTest.Composite do
-  use EXLA.NxDoctestTest.Setup
+  use EXLA.NxDoctestCase, nx: :v0_7
 
   # Not a precision exclusion: flatten_list/2's second example compares a
   # freshly built `Nx.tensor(4)` with `===`. Two tensors are `===` only when
@@ -365,28 +341,22 @@ defmodule EXLA.NxDoctestTest.Composite do
 end
 
 defmodule EXLA.NxDoctestTest.Kernel do
-  use EXLA.NxDoctestTest.Setup
+  use EXLA.NxDoctestCase, nx: :v0_7
   use Nx.Defn.Kernel
   doctest Nx.Defn.Kernel
 end
 
 defmodule EXLA.NxDoctestTest.Defn do
-  use EXLA.NxDoctestTest.Setup
-
-  setup do
-    Nx.Defn.default_options(compiler: EXLA)
-    :ok
-  end
-
+  use EXLA.NxDoctestCase, nx: :v0_7, defn_options: [compiler: EXLA]
   doctest Nx.Defn
 end
 
 defmodule EXLA.NxDoctestTest.Shape do
-  use EXLA.NxDoctestTest.Setup
+  use EXLA.NxDoctestCase, nx: :v0_7
   doctest Nx.Shape
 end
 
 defmodule EXLA.NxDoctestTest.Type do
-  use EXLA.NxDoctestTest.Setup
+  use EXLA.NxDoctestCase, nx: :v0_7
   doctest Nx.Type
 end

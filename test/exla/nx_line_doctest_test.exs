@@ -14,31 +14,8 @@
 #     clause errors there) and the rounding differences (svd, pinv, eigh,
 #     cholesky, least_squares, determinant, matrix_power, lu, qr), with
 #     `precision: :highest`.
-defmodule EXLA.NxLineDoctestTest.Setup do
-  @moduledoc false
-
-  defmacro __using__(precision: precision) do
-    quote do
-      use ExUnit.Case, async: true
-
-      @moduletag nx: :blocks?
-
-      setup_all do
-        Application.put_env(:exla, :add_backend_on_inspect, false)
-        :ok
-      end
-
-      setup do
-        Nx.default_backend(EXLA.Backend)
-        Nx.Defn.default_options(compiler: EXLA, precision: unquote(precision))
-        :ok
-      end
-    end
-  end
-end
-
 defmodule EXLA.NxLineDoctestTest do
-  use EXLA.NxLineDoctestTest.Setup, precision: :default
+  use EXLA.NxDoctestCase, nx: :blocks?, defn_options: [compiler: EXLA, precision: :default]
 
   if EXLA.NxVersion.blocks?() do
     # Nx's examples write vectors and matrices with ~VEC and ~MAT (the
@@ -66,7 +43,7 @@ defmodule EXLA.NxLineDoctestTest do
 end
 
 defmodule EXLA.NxLineDoctestTest.LinAlg do
-  use EXLA.NxLineDoctestTest.Setup, precision: :highest
+  use EXLA.NxDoctestCase, nx: :blocks?, defn_options: [compiler: EXLA, precision: :highest]
 
   if EXLA.NxVersion.blocks?() do
     @excluded [solve: 2, triangular_solve: 3] ++
