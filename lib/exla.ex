@@ -387,7 +387,7 @@ defmodule EXLA do
       add.(parts)
       #=> [[[10], [12]], [[11], [13]], [[14], [16]], [[15], [17]]], on devices 0 to 3
   """
-  @mesh_doc if EXLA.NxVersion.blocks?(), do: @mesh_doc, else: ""
+  @mesh_doc if EXLA.NxVersion.meshes?(), do: @mesh_doc, else: ""
 
   @doc """
   Wraps `function` so that, when called, it is compiled into one SPMD
@@ -436,7 +436,7 @@ defmodule EXLA do
   """
   def shard_jit(function, mesh, options \\ [])
 
-  if EXLA.NxVersion.blocks?() do
+  if EXLA.NxVersion.meshes?() do
     def shard_jit(function, %Nx.Mesh{} = mesh, options)
         when is_function(function) and is_list(options) do
       Nx.Defn.shard_jit(function, mesh, Keyword.put(options, :compiler, __MODULE__))
@@ -548,7 +548,7 @@ defmodule EXLA do
       declares the mesh (`sdy.mesh`) and each parameter's sharding
       (`sdy.sharding`), and its types are those of the whole inputs
   """
-  @mlir_mesh_doc if EXLA.NxVersion.blocks?(), do: @mlir_mesh_doc, else: ""
+  @mlir_mesh_doc if EXLA.NxVersion.meshes?(), do: @mlir_mesh_doc, else: ""
 
   @doc """
   Returns the StableHLO module `function` compiles to for `args`, as a map
@@ -612,7 +612,7 @@ defmodule EXLA do
     fn -> jit_apply(function, args, options) end
   end
 
-  if EXLA.NxVersion.blocks?() do
+  if EXLA.NxVersion.meshes?() do
     defp mlir_module_run(function, args, %Nx.Mesh{} = mesh, options),
       do: fn -> shard_jit(function, mesh, options).(args) end
   end
@@ -632,7 +632,7 @@ defmodule EXLA do
     defdelegate __stream__(key, input, acc, vars, fun, args_list, opts), to: EXLA.Defn
   end
 
-  if EXLA.NxVersion.blocks?() do
+  if EXLA.NxVersion.meshes?() do
     @impl Nx.Defn.Compiler
     defdelegate __shard_jit__(key, mesh, vars, fun, args_list, opts),
       to: EXLA.Defn.Sharded,

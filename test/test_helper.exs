@@ -24,7 +24,9 @@ by_platform = if EXLA.TestPlatform.cuda?(), do: [:cpu_only], else: [:cuda]
 # Tests of what only some Nx lines have are tagged with the EXLA.NxVersion
 # fact they need (`@tag nx: :streams?`) or with the line they describe
 # (`@tag nx: :v0_7`); those the compiled Nx does not meet are left out.
-nx_facts = [:streams?, :blocks?, :tokens?, :hook_nodes?, :maps?, :runtime_calls?, :small_types?]
+nx_facts =
+  [:streams?, :blocks?, :tokens?, :hook_nodes?, :maps?, :runtime_calls?, :small_types?] ++
+    [:stack?, :pointers?, :meshes?]
 
 no_nx =
   for(fact <- nx_facts, not apply(EXLA.NxVersion, fact, []), do: {:nx, fact}) ++

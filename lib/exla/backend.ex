@@ -345,7 +345,14 @@ defmodule EXLA.Backend do
         Nx.Defn.Expr.block(struct, filled, fun)
       end)
     end
+  else
+    @impl true
+    def optional(name, args, fun) do
+      run_whole(:optional, name, args, fn filled -> Nx.Defn.Expr.optional(name, filled, fun) end)
+    end
+  end
 
+  if EXLA.NxVersion.pointers?() do
     # Pointers (Nx 0.12 and later), to tensors in host memory. A `:local`
     # pointer is the address of the tensor's buffer, valid while the buffer
     # is neither deallocated nor donated; a tensor from one is a copy of the
@@ -429,11 +436,6 @@ defmodule EXLA.Backend do
 
       names = opts[:names] || List.duplicate(nil, tuple_size(shape))
       %T{type: type, shape: shape, names: names, data: %B{buffer: buffer}}
-    end
-  else
-    @impl true
-    def optional(name, args, fun) do
-      run_whole(:optional, name, args, fn filled -> Nx.Defn.Expr.optional(name, filled, fun) end)
     end
   end
 

@@ -64,6 +64,18 @@ defmodule EXLA.NxVersion do
   @fact_runtime_calls @line != :v0_7
   def runtime_calls?, do: @fact_runtime_calls
 
+  @doc "Whether Nx has the `:stack` node and `stack/3` callback."
+  @fact_stack @line != :v0_7
+  def stack?, do: @fact_stack
+
+  @doc "Whether Nx has `Nx.to_pointer/2` and `Nx.from_pointer/5` (and their callbacks)."
+  @fact_pointers @line != :v0_7
+  def pointers?, do: @fact_pointers
+
+  @doc "Whether Nx has `%Nx.Mesh{}` and the `__shard_jit__/6` compiler callback."
+  @fact_meshes @line != :v0_7
+  def meshes?, do: @fact_meshes
+
   @doc "Whether Nx has sub-byte integers (s2, s4, u2, u4) and f8 types."
   @fact_small_types @line != :v0_7
   def small_types?, do: @fact_small_types

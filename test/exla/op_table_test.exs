@@ -42,7 +42,7 @@ defmodule EXLA.OpTableTest do
     expected =
       [:backend_copy, :backend_deallocate, :backend_transfer, :constant, :from_binary] ++
         [:init, :inspect, :to_batched, :to_binary] ++
-        if(EXLA.NxVersion.blocks?(), do: [:from_pointer, :to_pointer], else: [])
+        if(EXLA.NxVersion.pointers?(), do: [:from_pointer, :to_pointer], else: [])
 
     assert not_ops == Enum.sort(expected)
   end

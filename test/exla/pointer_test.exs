@@ -5,9 +5,9 @@ defmodule EXLA.PointerTest do
   # as a port, plays the other process.
   use ExUnit.Case, async: true
 
-  @moduletag nx: :blocks?
+  @moduletag nx: :pointers?
 
-  if EXLA.NxVersion.blocks?() do
+  if EXLA.NxVersion.pointers?() do
     @shm "/dev/shm"
 
     defp object(%Nx.Pointer{handle: handle}), do: Path.join(@shm, handle)

@@ -5,10 +5,10 @@ defmodule EXLA.ShardJitMeshTest do
   # function run whole on Nx.Defn.Evaluator, cut as the mesh cuts it.
   use ExUnit.Case, async: true
 
-  @moduletag nx: :blocks?
+  @moduletag nx: :meshes?
 
   # Nx 0.7 has no Nx.Mesh.
-  if EXLA.NxVersion.blocks?() do
+  if EXLA.NxVersion.meshes?() do
     @client :shard_jit_mesh_client
 
     setup_all do

@@ -8,10 +8,11 @@ defmodule EXLA.Defn.Lowering.Structure do
   import EXLA.Defn.Lowering
 
   # take and take_along_axis are ops of Nx 0.7; later lines have blocks for
-  # them (lowered here too, see EXLA.Defn.Lowering.Blocks) and :stack.
+  # them (lowered here too, see EXLA.Defn.Lowering.Blocks).
   @ops [:reshape, :squeeze, :broadcast, :transpose, :pad, :reverse, :slice, :put_slice] ++
          [:concatenate, :gather, :indexed_add, :indexed_put] ++
-         if(EXLA.NxVersion.blocks?(), do: [:stack], else: [:take, :take_along_axis])
+         if(EXLA.NxVersion.blocks?(), do: [], else: [:take, :take_along_axis]) ++
+         if(EXLA.NxVersion.stack?(), do: [:stack], else: [])
 
   def ops, do: @ops
 
