@@ -363,6 +363,14 @@ defmodule EXLA.Defn.Lowering do
     end)
   end
 
+  # Converts each of `values` to the type of its tensor in `tensors`.
+  @doc false
+  def convert_each(values, tensors, b) do
+    values
+    |> Enum.zip(tensors)
+    |> Enum.map_reduce(b, fn {v, t}, b -> Ops.convert(b, v, t.type) end)
+  end
+
   # Lowers `t` and converts it to `elem`, broadcasting to `dims` if given.
   @doc false
   def lower_as(t, elem, b, dims \\ nil) do

@@ -194,8 +194,8 @@ if EXLA.NxVersion.streams?() do
       {params, [chain, _flag]} = Enum.split(args, -2)
       {values, b} = Lowering.lower_container(step.expr, HostCalls.put_chain(b, chain))
       {outs, accs} = Enum.split(values, length(step.outputs))
-      {outs, b} = convert(outs, step.outputs, b)
-      {accs, b} = convert(accs, step.accs, b)
+      {outs, b} = Lowering.convert_each(outs, step.outputs, b)
+      {accs, b} = Lowering.convert_each(accs, step.accs, b)
       b = HostCalls.emit_send(b, outs)
       {[flag | inputs], b} = recv_input(b, step)
       rest = Enum.drop(params, length(inputs) + length(accs))
@@ -232,11 +232,6 @@ if EXLA.NxVersion.streams?() do
       |> Enum.map_reduce(b, fn {%{type: {elem, dims}} = value, i}, b ->
         if i in kept, do: {value, b}, else: Lowering.const(b, elem, 0, dims)
       end)
-    end
-
-    defp convert(values, tensors, b) do
-      Enum.zip(values, tensors)
-      |> Enum.map_reduce(b, fn {v, t}, b -> Ops.convert(b, v, t.type) end)
     end
 
     ## Nx.Stream

@@ -40,7 +40,6 @@ defmodule EXLA.Defn.Lowering.Blocks do
   #     on Nx 0.7, where `:eigh` is an `:optional` node whose default is
   #     lowered too.
 
-  alias EXLA.MLIR.Ops
   alias Nx.Defn.Expr
   alias Nx.Tensor, as: T
   import EXLA.Defn.Lowering
@@ -94,7 +93,7 @@ defmodule EXLA.Defn.Lowering.Blocks do
       {x, b} = lower_as(x, complex, b)
       real = EXLA.MLIR.Type.complex_part(complex)
       {x, b} = EXLA.Defn.Lowering.LinAlg.fft_along(b, x, "IRFFT", [axis], [n], real)
-      Ops.convert(b, x, t.type)
+      EXLA.MLIR.Ops.convert(b, x, t.type)
     end
 
     defp lower_block(%{__struct__: Nx.Block.TopK, k: k}, [tensor | _], {values, indices}, _t, b),
@@ -142,7 +141,7 @@ defmodule EXLA.Defn.Lowering.Blocks do
           attrs: [k: "#{k} : i64"]
         )
 
-      {i, b} = Ops.convert(b, i, indices.type)
+      {i, b} = EXLA.MLIR.Ops.convert(b, i, indices.type)
       {{:tuple, [v, i]}, b}
     end
 
@@ -171,7 +170,7 @@ defmodule EXLA.Defn.Lowering.Blocks do
     defp operand_types(args, types, b) when is_list(types) and length(types) == length(args),
       do:
         Enum.zip(args, types)
-        |> Enum.map_reduce(b, fn {v, type}, b -> Ops.convert(b, v, type) end)
+        |> Enum.map_reduce(b, fn {v, type}, b -> EXLA.MLIR.Ops.convert(b, v, type) end)
 
     defp operand_types(_args, other, _b) do
       raise ArgumentError,
@@ -249,10 +248,7 @@ defmodule EXLA.Defn.Lowering.Blocks do
   end
 
   defp converted(values, templates, b) do
-    {values, b} =
-      Enum.zip(values, templates)
-      |> Enum.map_reduce(b, fn {v, t}, b -> Ops.convert(b, v, t.type) end)
-
+    {values, b} = convert_each(values, templates, b)
     {{:tuple, values}, b}
   end
 end

@@ -14,7 +14,6 @@ defmodule EXLA.Defn.Lowering.Hooks do
   # call's output template.
 
   alias EXLA.Defn.Lowering.HostCalls
-  alias EXLA.MLIR.Ops
   alias Nx.Defn.{Composite, Expr}
   alias Nx.Tensor, as: T
   import EXLA.Defn.Lowering
@@ -54,17 +53,10 @@ defmodule EXLA.Defn.Lowering.Hooks do
 
   def lower(:runtime_call, %T{data: %Expr{args: [expr, fun, out, opts]}}, b) do
     {values, b} = lower_container(expr, b)
-    inputs = Composite.flatten_list([expr])
-
-    {values, b} =
-      Enum.zip(values, inputs)
-      |> Enum.map_reduce(b, fn {v, t}, b -> Ops.convert(b, v, t.type) end)
-
-    outputs = Composite.flatten_list([out])
-    types = Enum.map(outputs, &type_of/1)
-    template = Composite.traverse(expr, &Nx.to_template/1)
-    payload = {:runtime_call, fun, template, Composite.traverse(out, &Nx.to_template/1), opts}
-    {[], b} = HostCalls.emit(b, payload, values)
+    types = [out] |> Composite.flatten_list() |> Enum.map(&type_of/1)
+    out_template = Composite.traverse(out, &Nx.to_template/1)
+    payload = &{:runtime_call, fun, &1, out_template, opts}
+    {[], b} = HostCalls.emit_container(b, expr, values, payload)
     {[_flag | results], b} = HostCalls.emit_recv(b, types)
     result(out, results, b)
   end
@@ -74,20 +66,23 @@ defmodule EXLA.Defn.Lowering.Hooks do
 
   # A token's hook: its expression is lowered (and dropped by XLA when the
   # hook is inactive) and handed to its function when active.
-  defp lower_token_hook(%{expr: expr, name: name, callback: callback}, b) do
+  defp lower_token_hook(%{expr: expr, name: name} = hook, b) do
     {values, b} = lower_container(expr, b)
-
-    case HostCalls.chain(b) && (b.assigns.hooks[name] || callback) do
-      fun when is_function(fun) -> HostCalls.emit_hook(b, name, fun, expr, values)
-      _ -> b
-    end
+    fun = HostCalls.token_hook_function(hook, b.assigns.hooks)
+    emit_active(b, name, fun, expr, values)
   end
 
   defp call_hook(spec, expr, values, b) do
-    case HostCalls.chain(b) && HostCalls.hook_spec_function(spec, b.assigns.hooks) do
-      fun when is_function(fun) -> HostCalls.emit_hook(b, spec_name(spec), fun, expr, values)
-      _ -> b
-    end
+    fun = HostCalls.hook_spec_function(spec, b.assigns.hooks)
+    emit_active(b, spec_name(spec), fun, expr, values)
+  end
+
+  # A hook calls the host where the program has a host-callback chain and
+  # the hook a function.
+  defp emit_active(b, name, fun, expr, values) do
+    if HostCalls.chain(b) && is_function(fun),
+      do: HostCalls.emit_hook(b, name, fun, expr, values),
+      else: b
   end
 
   defp spec_name({:named, name, _fun}), do: name

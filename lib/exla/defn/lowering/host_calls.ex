@@ -88,7 +88,7 @@ defmodule EXLA.Defn.Lowering.HostCalls do
   end
 
   defp calls_host?(%Expr{op: :token, args: [token]}, hooks),
-    do: Enum.any?(token.hooks, &(hooks[&1.name] || &1.callback))
+    do: Enum.any?(token.hooks, &token_hook_function(&1, hooks))
 
   defp calls_host?(%Expr{op: :hook, args: [_expr, spec | _]}, hooks),
     do: hook_spec_function(spec, hooks) != nil
@@ -103,6 +103,12 @@ defmodule EXLA.Defn.Lowering.HostCalls do
   def hook_spec_function({:named, name, fun}, hooks), do: hooks[name] || fun
   def hook_spec_function({:fn, fun}, _hooks), do: fun
   def hook_spec_function({:token_hook, _expr, inner}, hooks), do: hook_spec_function(inner, hooks)
+
+  @doc """
+  The function of a token's hook (Nx 0.7 and 0.12), given the `:hooks`
+  option, or `nil` when the hook is inactive.
+  """
+  def token_hook_function(%{name: name, callback: callback}, hooks), do: hooks[name] || callback
 
   @doc """
   Emits a host-callback custom call with `values` at a new site, recording
@@ -140,17 +146,22 @@ defmodule EXLA.Defn.Lowering.HostCalls do
   whose flattened values the lowering gives as `values`.
   """
   def emit_hook(b, name, fun, expr, values) do
-    tensors = Composite.flatten_list([expr])
+    {[], b} = emit_container(b, expr, values, &{:hook, name, fun, &1})
+    b
+  end
 
-    {values, b} =
-      Enum.zip(values, tensors)
-      |> Enum.map_reduce(b, fn {v, t}, b -> Ops.convert(b, v, t.type) end)
+  @doc """
+  Emits a host call (see `emit/4`) whose operands are the flattened
+  `values` of `expr` (a container), each in its tensor's type, and whose
+  payload is `payload` given `expr`'s template.
+  """
+  def emit_container(b, expr, values, payload, result_types \\ []) do
+    {values, b} = EXLA.Defn.Lowering.convert_each(values, Composite.flatten_list([expr]), b)
 
     # The values are laid out devectorized, which is how a vectorized
     # template is filled back on the host.
     template = Composite.traverse(expr, &Nx.to_template/1)
-    {[], b} = emit(b, {:hook, name, fun, template}, values)
-    b
+    emit(b, payload.(template), values, result_types)
   end
 
   # The layouts attribute for `types`: each dimension's minor-to-major
