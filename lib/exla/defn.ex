@@ -33,7 +33,7 @@ defmodule EXLA.Defn do
   def __jit__(key, vars, fun, args_list, opts) do
     case Process.get(@mode_key) do
       nil ->
-        cache_key = {:jit, key, Compilation.vars_key(vars), opts}
+        cache_key = jit_cache_key(key, vars, opts)
 
         case LockedCache.get(cache_key) do
           %Compiled{debug?: false} = compiled ->
@@ -47,7 +47,7 @@ defmodule EXLA.Defn do
         end
 
       :cached? ->
-        cache_key = {:jit, key, Compilation.vars_key(vars), opts}
+        cache_key = jit_cache_key(key, vars, opts)
         throw({@throw_tag, Compilation.cached?(cache_key, opts)})
 
       :to_mlir ->
@@ -57,7 +57,7 @@ defmodule EXLA.Defn do
 
   @doc false
   def __compile__(key, vars, fun, opts) do
-    cache_key = {:jit, key, Compilation.vars_key(vars), opts}
+    cache_key = jit_cache_key(key, vars, opts)
     compiled = Compilation.lookup_or_compile(key, cache_key, vars, fun, opts)
     # How to compile it again, on a node where its executable cannot load.
     recipe = {key, vars, fun, opts}
@@ -71,6 +71,9 @@ defmodule EXLA.Defn do
       end
     end
   end
+
+  # The cache key of a function compiled for `key`, `vars` and `opts`.
+  defp jit_cache_key(key, vars, opts), do: {:jit, key, Compilation.vars_key(vars), opts}
 
   # Streams exist on Nx 0.7 only (see EXLA.stream/3).
   if EXLA.NxVersion.streams?() do

@@ -114,8 +114,7 @@ defmodule EXLA.Defn.Compilation do
     _kind, _reason -> nil
   end
 
-  @doc false
-  def build(key, vars, fun, opts) do
+  defp build(key, vars, fun, opts) do
     compilation(key, vars, fun, opts, &compile_expr(key, &1, vars, opts))
   end
 
@@ -426,8 +425,13 @@ defmodule EXLA.Defn.Compilation do
   def mlir_module(vars, fun, opts) do
     opts = validate_options!(opts)
     expr = fun.(vars)
-    lowered = lower(expr, vars, opts)
+    mlir_module_result(expr, lower(expr, vars, opts))
+  end
 
+  @doc false
+  # What EXLA.to_mlir_module/3 returns for `expr`, lowered into `lowered`
+  # (see EXLA.Defn.Lowering.to_mlir/3).
+  def mlir_module_result(expr, lowered) do
     %{
       mlir_module: lowered.program.text,
       used_inputs: lowered.used_inputs,

@@ -157,22 +157,9 @@ defmodule EXLA.Defn.Sharded do
   # whole inputs, before XLA partitions it.
   defp mesh_mlir_module(client, vars, fun, mesh, shardings, opts) do
     expr = fun.(vars)
-    no_host_calls!(expr, opts)
     inputs = Composite.flatten_list(vars)
-
-    %{program: program, used_inputs: used_inputs} =
-      EXLA.Defn.Lowering.to_mlir(
-        expr,
-        Enum.map(inputs, &EXLA.Defn.Compilation.to_shape/1),
-        [precision: opts[:precision]] ++
-          mesh_lowering(mesh, shardings) ++ EXLA.Defn.Lowering.client_options(client)
-      )
-
-    %{
-      mlir_module: program.text,
-      used_inputs: used_inputs,
-      output_container: Composite.traverse(expr, &Nx.to_template/1)
-    }
+    lowered = lower(client, expr, inputs, mesh_lowering(mesh, shardings), opts)
+    EXLA.Defn.Compilation.mlir_module_result(expr, lowered)
   end
 
   defp run_parts(%__MODULE__{} = compiled, args_list) do
@@ -274,15 +261,7 @@ defmodule EXLA.Defn.Sharded do
   # results are whole (`results: :whole`) or the parts the partitioner gave
   # it, whose shapes the plugin tells (`:parts`).
   defp compile(client, expr, inputs, mesh, shardings, layout, opts) do
-    no_host_calls!(expr, opts)
-
-    %{program: program, used_inputs: params} =
-      EXLA.Defn.Lowering.to_mlir(
-        expr,
-        Enum.map(inputs, &EXLA.Defn.Compilation.to_shape/1),
-        [precision: opts[:precision]] ++
-          layout.lowering ++ EXLA.Defn.Lowering.client_options(client)
-      )
+    %{program: program, used_inputs: params} = lower(client, expr, inputs, layout.lowering, opts)
 
     param_shardings = Enum.map(params, &Enum.at(shardings, &1))
 
@@ -303,6 +282,18 @@ defmodule EXLA.Defn.Sharded do
       part_shapes: part_shapes,
       output: Composite.traverse(expr, &%{&1 | data: %Nx.TemplateBackend{}})
     }
+  end
+
+  # Lowers `expr` of the whole `inputs` with the sharding annotations of
+  # `lowering`, before XLA partitions it.
+  defp lower(client, expr, inputs, lowering, opts) do
+    no_host_calls!(expr, opts)
+
+    EXLA.Defn.Lowering.to_mlir(
+      expr,
+      Enum.map(inputs, &EXLA.Defn.Compilation.to_shape/1),
+      [precision: opts[:precision]] ++ lowering ++ EXLA.Defn.Lowering.client_options(client)
+    )
   end
 
   defp input_shardings!(nil, inputs, _mesh), do: Enum.map(inputs, fn _ -> %{} end)
