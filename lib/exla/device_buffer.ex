@@ -41,19 +41,14 @@ defmodule EXLA.DeviceBuffer do
   def place_on_device(data, %Shape{} = shape, client, device_id)
       when is_bitstring(data) and is_integer(device_id) do
     data = Shape.to_device(data, shape.dtype)
-    {code, dims} = Shape.to_spec(shape)
-    client = EXLA.Client.local(client)
 
     # Small transfers take microseconds (see EXLA.Placement).
-    ref =
-      if small_transfer?(byte_size(data)) do
-        NIF.buffer_from_binary(client.ref, data, code, dims, device_id)
-      else
-        NIF.buffer_from_binary_dirty(client.ref, data, code, dims, device_id)
-      end
-      |> NIF.unwrap!()
+    place =
+      if small_transfer?(byte_size(data)),
+        do: &NIF.buffer_from_binary/5,
+        else: &NIF.buffer_from_binary_dirty/5
 
-    from_ref(ref, client, device_id, shape)
+    new_buffer(shape, client, device_id, &place.(&1, data, &2, &3, device_id))
   end
 
   def place_on_device(data, %Shape{}, _client, _device_id) when not is_bitstring(data) do
@@ -77,10 +72,7 @@ defmodule EXLA.DeviceBuffer do
   """
   def from_address(address, %Shape{} = shape, client, device_id)
       when is_integer(address) and address >= 0 do
-    {code, dims} = Shape.to_spec(shape)
-    client = EXLA.Client.local(client)
-    ref = NIF.unwrap!(NIF.buffer_from_address(client.ref, address, code, dims, device_id))
-    from_ref(ref, client, device_id, shape)
+    new_buffer(shape, client, device_id, &NIF.buffer_from_address(&1, address, &2, &3, device_id))
   end
 
   @doc """
@@ -103,9 +95,16 @@ defmodule EXLA.DeviceBuffer do
   read-only (and such a buffer cannot be donated).
   """
   def import_ipc(name, %Shape{} = shape, client, device_id) when is_binary(name) do
+    new_buffer(shape, client, device_id, &NIF.buffer_import_ipc(&1, name, &2, &3, device_id))
+  end
+
+  # The buffer of `shape` that `make`, a NIF given the client's reference,
+  # the shape's type code and its dimensions, creates on `device_id` of
+  # `client` (through this node's copy of the client).
+  defp new_buffer(%Shape{} = shape, client, device_id, make) do
     {code, dims} = Shape.to_spec(shape)
     client = EXLA.Client.local(client)
-    ref = NIF.unwrap!(NIF.buffer_import_ipc(client.ref, name, code, dims, device_id))
+    ref = NIF.unwrap!(make.(client.ref, code, dims))
     from_ref(ref, client, device_id, shape)
   end
 

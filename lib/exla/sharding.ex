@@ -73,12 +73,7 @@ defmodule EXLA.Sharding do
       end
     end)
 
-    mesh_axes = Map.values(sharding)
-
-    if length(Enum.uniq(mesh_axes)) != length(mesh_axes) do
-      raise ArgumentError,
-            "the sharding #{inspect(sharding)} of input #{index} uses a mesh axis twice"
-    end
+    sharding |> Map.values() |> once_each!(sharding, index)
 
     sharding
   end
@@ -215,14 +210,17 @@ defmodule EXLA.Sharding do
         Map.put(acc, i, mesh_axes!(mesh_axes, shape, sharding, index))
       end)
 
-    used = by_axis |> Map.values() |> List.flatten()
+    by_axis |> Map.values() |> List.flatten() |> once_each!(sharding, index)
 
-    if length(Enum.uniq(used)) != length(used) do
+    for i <- 0..(tuple_size(t.shape) - 1)//1, do: Map.get(by_axis, i, [])
+  end
+
+  # A mesh axis splits at most one tensor axis of an input.
+  defp once_each!(mesh_axes, sharding, index) do
+    if length(Enum.uniq(mesh_axes)) != length(mesh_axes) do
       raise ArgumentError,
             "the sharding #{inspect(sharding)} of input #{index} uses a mesh axis twice"
     end
-
-    for i <- 0..(tuple_size(t.shape) - 1)//1, do: Map.get(by_axis, i, [])
   end
 
   defp mesh_axes!(mesh_axes, shape, sharding, index) do

@@ -55,7 +55,7 @@ defmodule EXLA.MLIR.Check do
   end
 
   defp element_bytes(:pred), do: 1
-  defp element_bytes({_, bits}), do: max(div(bits, 8), 1)
+  defp element_bytes(type), do: EXLA.Shape.element_bytes(type)
 
   @doc "Raises unless `length` is a valid FFT length."
   def fft_length!(length) when is_integer(length) and length in 1..@max_fft_length, do: :ok
