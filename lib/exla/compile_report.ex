@@ -15,12 +15,6 @@ defmodule EXLA.CompileReport do
   @event [:exla, :compilation]
   @details_event [:exla, :compilation, :details]
 
-  @doc false
-  def event, do: @event
-
-  @doc false
-  def details_event, do: @details_event
-
   @doc """
   Reports the compilation of `key` for `vars` into `expr` with `opts` (the
   validated compiler options). `timing` has the microseconds of the
@@ -33,15 +27,17 @@ defmodule EXLA.CompileReport do
     %{eval_time: eval_time, compile_time: compile_time, stages: stages} = timing
     if opts[:debug], do: log(key, opts[:cache], compile_time, disk_cache)
 
-    :telemetry.execute(
-      @event,
-      %{eval_time: eval_time, compile_time: compile_time, total_time: eval_time + compile_time},
-      %{key: key}
-    )
+    times = %{
+      eval_time: eval_time,
+      compile_time: compile_time,
+      total_time: eval_time + compile_time
+    }
+
+    :telemetry.execute(@event, times, %{key: key})
 
     :telemetry.execute(
       @details_event,
-      measurements(eval_time, compile_time, stages),
+      measurements(times, stages),
       %{key: key, kind: kind(opts), disk_cache: disk_cache, client: opts[:client]}
     )
 
@@ -69,14 +65,10 @@ defmodule EXLA.CompileReport do
   defp log_file(_path, _other), do: :ok
 
   # EXLA's three measurements, and the stages of :compile_time.
-  defp measurements(eval_time, compile_time, stages) do
+  defp measurements(times, stages) do
     %{lower_time: 0, xla_compile_time: 0, cache_load_time: 0, cache_write_time: 0}
     |> Map.merge(stages)
-    |> Map.merge(%{
-      eval_time: eval_time,
-      compile_time: compile_time,
-      total_time: eval_time + compile_time
-    })
+    |> Map.merge(times)
   end
 
   defp kind(opts), do: if(opts[:cache_kind] == :bounded, do: :backend, else: :jit)

@@ -25,11 +25,9 @@ defmodule EXLA.Recompilation do
     :ok
   end
 
-  @doc """
-  The `:check_recompilation` setting: a positive integer, or `:infinity`
-  (the default) for no check. Raises `ArgumentError` for other values.
-  """
-  def threshold do
+  # The `:check_recompilation` setting: a positive integer, or `:infinity`
+  # (the default) for no check. Raises `ArgumentError` for other values.
+  defp threshold do
     case Application.get_env(:exla, :check_recompilation, :infinity) do
       :infinity ->
         :infinity

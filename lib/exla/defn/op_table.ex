@@ -48,9 +48,6 @@ defmodule EXLA.Defn.OpTable do
   @doc "The family that lowers `op`, or `nil`."
   def family(op), do: Map.get(@table, op)
 
-  @doc "Every op in the table."
-  def ops, do: Map.keys(@table)
-
   @doc """
   The `Nx.Backend` callbacks of the compiled Nx that are ops of the table,
   as `{op, arity}` without the output argument: `EXLA.Backend` runs each as
