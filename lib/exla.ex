@@ -205,7 +205,8 @@ defmodule EXLA do
     * `:total_time` - their sum;
 
   and the metadata is exactly `%{key: key}`, where `key` is the compiled
-  function (for `EXLA.Backend`, the operation's name, an atom).
+  function (for `EXLA.Backend`, the operation's name, an atom, or for a
+  block of Nx 0.12 and later, `{struct, default_function}`).
 
   What this EXLA knows beyond that comes with an event of its own,
   `[:exla, :compilation, :details]`, emitted right after it for the same
