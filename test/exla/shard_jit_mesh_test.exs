@@ -87,6 +87,34 @@ defmodule EXLA.ShardJitMeshTest do
       assert whole == evaluate(&Nx.add/2, [x, y])
     end
 
+    test "parts on the devices, from another call or elsewhere, give the same results" do
+      x = Nx.iota({8, 2}, type: :f32)
+      shape = {2, 2}
+      axes = [[0], [1]]
+      sharding = [%{0 => [0], 1 => [1]}]
+      double = shard_jit(&Nx.multiply(&1, 2), mesh(shape), sharding)
+
+      # The results are each partition's part, on its device: they go in
+      # again as they are.
+      once = double.(Enum.map(cut(x, axes, shape), &[&1]))
+      twice = double.(Enum.map(once, &[&1]))
+      assert_parts(twice, Nx.multiply(x, 4), axes, shape)
+
+      # Parts on other devices of the client, or of the default client, are
+      # copied to theirs.
+      moved =
+        once
+        |> Enum.reverse()
+        |> Enum.map(&[Nx.backend_copy(&1, {EXLA.Backend, client: @client, device_id: 0})])
+
+      assert_parts(double.(Enum.reverse(moved)), Nx.multiply(x, 4), axes, shape)
+      on_default = Enum.map(once, &[Nx.backend_copy(&1, EXLA.Backend)])
+      assert_parts(double.(on_default), Nx.multiply(x, 4), axes, shape)
+
+      # Parts used as they are stay as they were.
+      assert_parts(once, Nx.multiply(x, 2), axes, shape)
+    end
+
     test "containers of results, each with the sharding it propagates to" do
       fun = fn x, y -> {Nx.add(x, y), Nx.multiply(y, 2)} end
       x = Nx.iota({8, 2}, type: :f32)

@@ -162,15 +162,19 @@ defmodule EXLA.Defn.Sharded do
     EXLA.Defn.Compilation.mlir_module_result(expr, lowered)
   end
 
-  defp run_parts(%__MODULE__{} = compiled, args_list) do
+  # Each part goes to its partition's device as Call.to_buffer/4 sends any
+  # argument: a part already there (the results of another call) is used
+  # as it is.
+  defp run_parts(%__MODULE__{exe: exe} = compiled, args_list) do
     lists =
-      args_list
-      |> Enum.with_index()
-      |> Enum.map(fn {args, partition} ->
+      [args_list, exe.devices, Enum.to_list(0..(length(args_list) - 1))]
+      |> Enum.zip_with(fn [args, device_id, partition] ->
+        args = List.to_tuple(args)
+
         Enum.zip_with(compiled.params, compiled.part_shapes, fn i, shape ->
-          t = host_tensor(Enum.at(args, i), shape.dtype)
+          t = part_tensor(elem(args, i), shape.dtype)
           check_part!(t, shape, i, partition)
-          {Nx.to_binary(t), shape}
+          EXLA.Defn.Call.to_buffer(t, shape, exe.client, device_id)
         end)
       end)
 
@@ -184,6 +188,14 @@ defmodule EXLA.Defn.Sharded do
       result
     end
   end
+
+  # A partition's argument as a tensor, where it is (numbers are tensors of
+  # the input's type).
+  defp part_tensor(fun, type) when is_function(fun, 0), do: part_tensor(fun.(), type)
+  defp part_tensor(%Nx.Tensor{} = t, _type), do: Nx.devectorize(t)
+
+  defp part_tensor(number, type) when is_number(number),
+    do: Nx.tensor(number, type: type, backend: Nx.BinaryBackend)
 
   # Nx takes the inputs' shapes from the first partition's arguments: the
   # others must have the same.
