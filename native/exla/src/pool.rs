@@ -32,6 +32,7 @@
 //! and `on_halt` makes `erlang:halt/1` wait for them and for the run
 //! pool's jobs (see `halt.rs`).
 
+use std::cell::Cell;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Mutex, OnceLock};
@@ -224,6 +225,10 @@ impl Pool {
     /// Runs `work` on this pool and hands its result to `deliver`, on the
     /// same thread. A panic in `work` becomes an internal error, so the
     /// waiting process always gets an answer. Returns at once.
+    ///
+    /// The thread counts itself idle before `deliver`: the process that
+    /// gets the result may submit its next job at once, and this thread
+    /// takes it (counted busy, it would start a new thread for it).
     pub fn run_then<T, F, D>(&'static self, work: F, deliver: D) -> NifResult<()>
     where
         F: FnOnce() -> NifResult<T> + Send + 'static,
@@ -232,6 +237,8 @@ impl Pool {
         self.submit(Box::new(move || {
             let result = catch_unwind(AssertUnwindSafe(work))
                 .unwrap_or_else(|_| Err(Error::internal("the native work panicked")));
+            self.counts().idle += 1;
+            COUNTED_IDLE.set(true);
             deliver(result);
         }))
         .map_err(|e| Error::internal(format!("could not start a native thread: {e}")))
@@ -249,7 +256,9 @@ impl Pool {
                     // A job catches its own panics; this keeps the thread
                     // alive should one escape.
                     let _ = catch_unwind(AssertUnwindSafe(job));
-                    self.counts().idle += 1;
+                    if !COUNTED_IDLE.replace(false) {
+                        self.counts().idle += 1;
+                    }
                 }
                 Err(RecvTimeoutError::Timeout) => {
                     let mut counts = self.counts();
@@ -263,6 +272,12 @@ impl Pool {
             }
         }
     }
+}
+
+thread_local! {
+    /// Set by a pool thread's job once it has counted the thread idle
+    /// (see `Pool::run_then`).
+    static COUNTED_IDLE: Cell<bool> = const { Cell::new(false) };
 }
 
 /// Jobs of the compile and serialization pools queued or running.
@@ -385,6 +400,26 @@ mod tests {
         assert!(!wait_until_idle(&[counter], Duration::from_millis(20)));
         assert!(wait_until_idle(&[counter], Duration::from_secs(10)));
         assert_eq!(done.load(Ordering::SeqCst), 2);
+    }
+
+    /// Sequential jobs, each submitted when the previous one's result has
+    /// come, run on one thread: none starts while the last one delivers.
+    #[test]
+    fn sequential_jobs_reuse_one_thread() {
+        let pool = leaked(usize::MAX);
+        let (results, delivered) = crossbeam_channel::unbounded();
+        for i in 0..200 {
+            let results = results.clone();
+            let submitted = pool.run_then(
+                move || Ok(i),
+                move |result| {
+                    results.send(result).unwrap();
+                },
+            );
+            assert!(submitted.is_ok());
+            assert!(matches!(delivered.recv(), Ok(Ok(n)) if n == i));
+        }
+        assert_eq!(pool.counts().threads, 1);
     }
 
     /// Jobs that wait for each other all run: a busy pool starts threads.
