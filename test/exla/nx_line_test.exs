@@ -192,6 +192,9 @@ defmodule EXLA.NxLineTest do
         assert mlir =~ ~s(stablehlo.custom_call)
         assert mlir =~ ~s(call_target_name = "my_target")
         assert mlir =~ ~s(backend_config = {scale = 2 : i64})
+        # row-major operands and results, as a handler reads and writes them
+        assert mlir =~ ~s(operand_layouts = [dense<[0]> : tensor<1xindex>])
+        assert mlir =~ ~s(result_layouts = [dense<[0]> : tensor<1xindex>])
         # the operand is converted to the type the spec asks for
         assert mlir =~ ~r/stablehlo.convert.*tensor<2xf64>/
 

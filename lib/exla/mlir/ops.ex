@@ -413,5 +413,43 @@ defmodule EXLA.MLIR.Ops do
     )
   end
 
+  ## Custom calls
+
+  @doc """
+  A `stablehlo.custom_call` of `target` (API version 4, XLA's typed FFI) on
+  `operands`, with results of `result_types` (a list) and the attributes
+  `attrs` besides. Returns `{values, b}`.
+
+  Operands and results are row-major, as handlers read and write them:
+  without layouts, XLA may hand a call an operand in another layout (on
+  CUDA, a transposed value reached a host callback as the untransposed
+  bytes).
+  """
+  def custom_call(b, target, operands, result_types, attrs \\ []) do
+    attrs =
+      [call_target_name: inspect(target), api_version: "4 : i32"] ++
+        attrs ++
+        [
+          operand_layouts: row_major(Enum.map(operands, & &1.type)),
+          result_layouts: row_major(result_types)
+        ]
+
+    op(b, "stablehlo.custom_call", operands, result_types, attrs: attrs)
+  end
+
+  # The layouts attribute for `types`: each dimension's minor-to-major
+  # order, the last dimension fastest.
+  defp row_major(types) do
+    layouts =
+      Enum.map_join(types, ", ", fn {_element, dims} ->
+        case tuple_size(dims) do
+          0 -> "dense<> : tensor<0xindex>"
+          rank -> "dense<[#{Enum.join((rank - 1)..0//-1, ", ")}]> : tensor<#{rank}xindex>"
+        end
+      end)
+
+    "[" <> layouts <> "]"
+  end
+
   defp list(l), do: "[" <> Enum.join(l, ", ") <> "]"
 end

@@ -150,13 +150,13 @@ defmodule EXLA.Defn.Lowering.Blocks do
       {args, b} = operand_types(args, spec.operand_element_types, b)
       outputs = Nx.Defn.Composite.flatten_list([out])
 
-      attrs =
-        [call_target_name: inspect(spec.call_target_name), api_version: "4 : i32"] ++
-          backend_config(spec.attributes)
-
       {values, b} =
-        EXLA.MLIR.Builder.op(b, "stablehlo.custom_call", args, Enum.map(outputs, &type_of/1),
-          attrs: attrs
+        EXLA.MLIR.Ops.custom_call(
+          b,
+          spec.call_target_name,
+          args,
+          Enum.map(outputs, &type_of/1),
+          backend_config(spec.attributes)
         )
 
       case out do

@@ -46,7 +46,7 @@ defmodule EXLA.Defn.Lowering.HostCalls do
   # in `EXLA.Defn.Lowering`, which calls this module and is never called by
   # it.
 
-  alias EXLA.MLIR.{Builder, Ops}
+  alias EXLA.MLIR.Ops
   alias Nx.Defn.{Composite, Expr}
   alias Nx.Tensor, as: T
 
@@ -122,20 +122,8 @@ defmodule EXLA.Defn.Lowering.HostCalls do
     operands = [chain, site_value | values]
     result_types = [@chain_type | result_types]
 
-    # The handler reads and writes row-major bytes. Without layouts, XLA may
-    # hand it an operand in another layout: on CUDA a transposed value
-    # reached the host as the untransposed bytes.
-    attrs = [
-      call_target_name: ~s("#{@target}"),
-      api_version: "4 : i32",
-      has_side_effect: "true",
-      backend_config: "{}",
-      operand_layouts: row_major(Enum.map(operands, & &1.type)),
-      result_layouts: row_major(result_types)
-    ]
-
-    {[chain | results], b} =
-      Builder.op(b, "stablehlo.custom_call", operands, result_types, attrs: attrs)
+    attrs = [has_side_effect: "true", backend_config: "{}"]
+    {[chain | results], b} = Ops.custom_call(b, @target, operands, result_types, attrs)
 
     assigns = %{b.assigns | chain: chain, hook_sites: [{site, payload} | sites]}
     {results, %{b | assigns: assigns}}
@@ -162,20 +150,6 @@ defmodule EXLA.Defn.Lowering.HostCalls do
     # template is filled back on the host.
     template = Composite.traverse(expr, &Nx.to_template/1)
     emit(b, payload.(template), values, result_types)
-  end
-
-  # The layouts attribute for `types`: each dimension's minor-to-major
-  # order, the last dimension fastest.
-  defp row_major(types) do
-    layouts =
-      Enum.map_join(types, ", ", fn {_element, dims} ->
-        case tuple_size(dims) do
-          0 -> "dense<> : tensor<0xindex>"
-          rank -> "dense<[#{Enum.join((rank - 1)..0//-1, ", ")}]> : tensor<#{rank}xindex>"
-        end
-      end)
-
-    "[" <> layouts <> "]"
   end
 
   @doc """
