@@ -17,7 +17,8 @@ if EXLA.NxVersion.blocks?() do
     `call/4` returns `:skip` to let EXLA lower the block its own way, or
     `{:ok, %EXLA.CustomCall.Spec{}}` to emit a custom call to the handler
     the spec names, with the block's inputs as operands and its outputs as
-    results (see `EXLA.CustomCall.Spec`). The handler must be registered
+    results (see `EXLA.CustomCall.Spec`), all row-major (the last axis
+    varies fastest, as in `Nx.to_binary/1`). The handler must be registered
     with the PJRT plugin that runs the program (by a native library of
     yours); EXLA does not register it.
 
