@@ -7,17 +7,30 @@ defmodule EXLA.TestClients do
 
   @doc """
   Adds the client `name` with `options` to the `:clients` configuration,
-  unless it is there; the configuration is restored when the calling test
-  (or test module, from `setup_all`) ends.
+  unless it is there; it is taken out again when the calling test (or test
+  module, from `setup_all`) ends.
+
+  Async modules add theirs at the same time: each change of the
+  configuration happens under one lock and touches only its own client,
+  so none is lost and none is taken out while another module needs it.
   """
   def add(name, options) do
-    clients = Application.fetch_env!(:exla, :clients)
+    added? =
+      update(fn clients ->
+        if Keyword.has_key?(clients, name),
+          do: {false, clients},
+          else: {true, clients ++ [{name, options}]}
+      end)
 
-    unless Keyword.has_key?(clients, name) do
-      Application.put_env(:exla, :clients, clients ++ [{name, options}])
-      on_exit(fn -> Application.put_env(:exla, :clients, clients) end)
-    end
-
+    if added?, do: on_exit(fn -> update(&{:ok, Keyword.delete(&1, name)}) end)
     :ok
+  end
+
+  defp update(fun) do
+    :global.trans({__MODULE__, self()}, fn ->
+      {result, clients} = fun.(Application.fetch_env!(:exla, :clients))
+      Application.put_env(:exla, :clients, clients)
+      result
+    end)
   end
 end
