@@ -291,5 +291,56 @@ defmodule EXLA.PointerTest do
       assert_receive {^port, {:exit_status, 0}}, 60_000
       assert Nx.to_flat_list(t) == [1.0, 2.0]
     end
+
+    # The importer, on a client of two devices: runs a program of two
+    # replicas that donates its argument, the view on device 0.
+    @read_only_devices_child """
+    [handle] = System.argv()
+    :ok = Application.load(:exla)
+    clients = Application.fetch_env!(:exla, :clients)
+    Application.put_env(:exla, :clients, clients ++ [two: [platform: :host, device_count: 2]])
+    {:ok, _} = Application.ensure_all_started(:exla)
+    pointer = %Nx.Pointer{kind: :ipc, handle: handle}
+    view = Nx.from_pointer({EXLA.Backend, client: :two}, pointer, :f32, {2})
+    IO.puts("read " <> inspect(Nx.to_flat_list(view)))
+    client = EXLA.Client.fetch!(:two)
+    shape = EXLA.Shape.make_shape({:f, 32}, {2})
+
+    mlir = ~s|module {
+      func.func public @main(%a: tensor<2xf32> {tf.aliasing_output = 0 : i32}) -> tensor<2xf32> {
+        %one = stablehlo.constant dense<1.0> : tensor<2xf32>
+        %0 = stablehlo.add %a, %one : tensor<2xf32>
+        return %0 : tensor<2xf32>
+      }
+    }|
+
+    exe = EXLA.Executable.compile(client, mlir, num_replicas: 2, input_shapes: [shape])
+    other = EXLA.DeviceBuffer.place_on_device(<<0::64>>, shape, client, 1)
+
+    try do
+      EXLA.Executable.run(exe, [[view.data.buffer], [other]], donate: [0])
+      IO.puts("donated")
+    rescue
+      e in ArgumentError -> IO.puts("refused " <> Exception.message(e))
+    end
+
+    IO.puts("after " <> inspect(Nx.to_flat_list(view)))
+    """
+
+    # The same refusal on a run over several devices, which once handed the
+    # view to XLA to write (a segfault in the importer).
+    test "a read-only import is never donated to a run on several devices" do
+      t = Nx.tensor([1.0, 2.0], backend: EXLA.Backend)
+      pointer = Nx.to_pointer(t, mode: :ipc, permissions: 0o444)
+      root? = String.trim(elem(System.cmd("id", ["-u"]), 0)) == "0"
+      prefix = if root?, do: ["setpriv", "--bounding-set=-all", "--inh-caps=-all"], else: []
+      port = start_child(@read_only_devices_child, [pointer.handle], prefix)
+
+      assert line(port) == "read [1.0, 2.0]"
+      assert line(port) =~ ~r/^refused argument 0 is a read-only view of shared memory/
+      assert line(port) == "after [1.0, 2.0]"
+      assert_receive {^port, {:exit_status, 0}}, 60_000
+      assert Nx.to_flat_list(t) == [1.0, 2.0]
+    end
   end
 end
