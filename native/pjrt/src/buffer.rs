@@ -187,11 +187,16 @@ impl Buffer {
         if !self.is_on_cpu()? {
             return Ok(None);
         }
-        let mut ptr = new_args!(ffi::PJRT_Buffer_UnsafePointer_Args, buffer_pointer);
-        ptr.buffer = self.raw;
-        call!(self.client.plugin(), PJRT_Buffer_UnsafePointer, &mut ptr)
+        self.unsafe_pointer().map(Some)
+    }
+
+    /// The address of the buffer's storage (for a buffer in host memory).
+    fn unsafe_pointer(&self) -> Result<usize> {
+        let mut args = new_args!(ffi::PJRT_Buffer_UnsafePointer_Args, buffer_pointer);
+        args.buffer = self.raw;
+        call!(self.client.plugin(), PJRT_Buffer_UnsafePointer, &mut args)
             .map_err(|e| self.explain(e))?;
-        Ok(Some(ptr.buffer_pointer as usize))
+        Ok(args.buffer_pointer)
     }
 
     /// Copies the first `dst.len()` bytes of a ready buffer that lives in host
@@ -208,19 +213,12 @@ impl Buffer {
         }
         self.check_read_size(dst.len())?;
         let _reference = self.external_reference(hold)?;
-        let mut ptr = new_args!(ffi::PJRT_Buffer_UnsafePointer_Args, buffer_pointer);
-        ptr.buffer = self.raw;
-        call!(self.client.plugin(), PJRT_Buffer_UnsafePointer, &mut ptr)
-            .map_err(|e| self.explain(e))?;
-        if !dst.is_empty() && ptr.buffer_pointer != 0 {
+        let address = self.unsafe_pointer()?;
+        if !dst.is_empty() && address != 0 {
             // SAFETY: the buffer holds byte_size >= dst.len() bytes at this
             // address, kept alive by the external reference.
             unsafe {
-                std::ptr::copy_nonoverlapping(
-                    ptr.buffer_pointer as *const u8,
-                    dst.as_mut_ptr(),
-                    dst.len(),
-                )
+                std::ptr::copy_nonoverlapping(address as *const u8, dst.as_mut_ptr(), dst.len())
             }
         }
         Ok(true)
