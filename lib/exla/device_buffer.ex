@@ -100,7 +100,8 @@ defmodule EXLA.DeviceBuffer do
   A buffer of `shape` on `device_id` of a host `client` that is a view of
   the shared memory object `name` (see `export_ipc/2`), not a copy: it is
   mapped writable when its permissions let this process write, else
-  read-only (and such a buffer cannot be donated).
+  read-only (and such a buffer cannot be donated). Sub-byte integers,
+  which the object holds one per byte and the device packs, are copied.
   """
   def import_ipc(name, %Shape{} = shape, client, device_id) when is_binary(name) do
     {code, dims} = Shape.to_spec(shape)
@@ -154,7 +155,7 @@ defmodule EXLA.DeviceBuffer do
         error -> NIF.unwrap!(error)
       end
 
-    Shape.from_device(data, shape.dtype, div(bytes, Shape.element_bytes(shape.dtype)))
+    Shape.from_host(data, shape.dtype)
   end
 
   def read(%__MODULE__{} = buffer, size) when is_integer(size),

@@ -254,6 +254,48 @@ defmodule EXLA.PointerTest do
       end
     end
 
+    if EXLA.NxVersion.small_types?() do
+      # The device packs sub-byte integers; :ipc objects hold them a byte
+      # each, large ones too (their export once read past the packed data).
+      test "large sub-byte tensors round-trip through :ipc a byte per element" do
+        n = 4_000_000
+
+        for {type, bits} <- [s2: 2, s4: 4, u2: 2, u4: 4] do
+          data = :crypto.strong_rand_bytes(div(n * bits, 8))
+          t = Nx.bitwise_not(Nx.from_binary(data, type, backend: EXLA.Backend))
+          pointer = Nx.to_pointer(t, mode: :ipc)
+          assert pointer.data_size == n
+          flipped = :crypto.exor(data, :binary.copy(<<255>>, byte_size(data)))
+          assert Nx.to_binary(import_ipc(pointer, type, {n})) == flipped, inspect(type)
+          # The export lives with the tensor.
+          assert Nx.to_binary(t) == flipped
+        end
+      end
+
+      # Memory at a :local address is the device's, packed; Nx.from_pointer/5
+      # takes host memory, a byte per element, and copies it.
+      test ":local refuses sub-byte tensors and imports them a byte per element" do
+        for type <- small_types() do
+          t = Nx.tensor([1, 0, 1], type: type, backend: EXLA.Backend)
+
+          assert_raise ArgumentError, ~r/mode: :local does not support .* use mode: :ipc/, fn ->
+            Nx.to_pointer(t, mode: :local)
+          end
+        end
+
+        bytes = Nx.tensor([1, 0, 3, 2], type: :u8, backend: EXLA.Backend)
+        pointer = Nx.to_pointer(bytes, mode: :local)
+
+        for type <- small_types() do
+          imported = Nx.from_pointer(EXLA.Backend, pointer, type, {4})
+          assert Nx.to_flat_list(imported) == Nx.to_flat_list(Nx.tensor([1, 0, 3, 2], type: type))
+        end
+
+        # The address is valid while the tensor lives.
+        assert Nx.to_flat_list(bytes) == [1, 0, 3, 2]
+      end
+    end
+
     defp small_types do
       if EXLA.NxVersion.small_types?(), do: [:s2, :s4, :u2, :u4], else: []
     end
