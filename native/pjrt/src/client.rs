@@ -340,7 +340,7 @@ impl Client {
         device: usize,
         on_delete: Box<dyn FnOnce() + Send>,
     ) -> Result<Buffer> {
-        let mut args = new_args!(ffi::PJRT_Client_CreateViewOfDeviceBuffer_Args, buffer);
+        let mut args = new_args!(ffi::PJRT_Client_CreateViewOfDeviceBuffer_Args, memory);
         args.client = self.raw;
         args.device_buffer_ptr = data.cast();
         args.dims = shape.dims.as_ptr();

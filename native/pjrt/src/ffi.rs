@@ -279,6 +279,8 @@ pub struct PJRT_Client_CreateViewOfDeviceBuffer_Args {
     pub on_delete_callback_arg: *mut c_void,
     pub stream: isize,
     pub buffer: *mut PJRT_Buffer,
+    /// Since 0.66; preferred over `device`. Null: the device's default memory.
+    pub memory: *mut PJRT_Memory,
 }
 
 #[repr(C)]
