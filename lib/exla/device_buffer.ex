@@ -134,8 +134,8 @@ defmodule EXLA.DeviceBuffer do
   Reads the buffer's data, waiting for it to be computed.
 
   `size` limits how many bytes are read; -1 reads all of them. Sub-byte
-  integers take a byte each on the device, and are packed as Nx packs them
-  when read (see `EXLA.Shape`).
+  integers count a byte each here (PJRT gives them back so; the device
+  packs them), and are packed as Nx packs them when read (see `EXLA.Shape`).
   """
   def read(buffer, size \\ -1)
 

@@ -28,7 +28,8 @@ defmodule EXLA.Shape do
   ]
 
   # Types of Nx 0.9 and later (f8 is FP8 E5M2; s2, s4, u2 and u4 take a
-  # byte per element on devices, see to_device/2).
+  # byte per element in host memory given to or read from PJRT, see
+  # to_device/2).
   if EXLA.NxVersion.small_types?() do
     @codes @codes ++
              [
