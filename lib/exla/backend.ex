@@ -57,7 +57,9 @@ defmodule EXLA.Backend do
       shared memory object (Linux, `/dev/shm`) and gives its name as the
       pointer's `:handle`; the object lives until the tensor is freed or
       the VM exits. Both need a tensor in this node's host memory: device
-      memory (CUDA IPC included) raises an `ArgumentError`.
+      memory (CUDA IPC included) raises an `ArgumentError`. Sub-byte
+      integers (`:s2`, `:s4`, `:u2`, `:u4`) are packed in device memory, so
+      `:local` refuses them; an `:ipc` object holds them a byte each.
 
     * `:permissions` - the mode bits of an `:ipc` object, exactly (the
       umask does not apply): an integer in `0..0o7777`, `0o400` (read for
@@ -67,8 +69,8 @@ defmodule EXLA.Backend do
   A `:local` pointer's memory is copied into a new tensor; an `:ipc`
   pointer's object is mapped, by any process of the machine, as a tensor
   that shares its pages, writable where the object's mode lets that
-  process write, else read-only (and then it cannot be donated). Only host
-  clients import `:ipc` pointers.
+  process write, else read-only (and then it cannot be donated); sub-byte
+  integers are copied in. Only host clients import `:ipc` pointers.
 
   ## Tensors of other nodes
 
@@ -374,6 +376,7 @@ defmodule EXLA.Backend do
 
       case opts[:mode] do
         :local ->
+          packed_on_device!(buffer.shape.dtype)
           address = EXLA.DeviceBuffer.host_address(buffer) || not_in_host_memory!(buffer, :local)
           size = EXLA.Shape.byte_size(buffer.shape)
           %Nx.Pointer{kind: :local, address: address, data_size: size, handle: nil}
@@ -387,6 +390,17 @@ defmodule EXLA.Backend do
           raise ArgumentError, "expected :mode to be one of :local, :ipc, got: #{inspect(mode)}"
       end
     end
+
+    # The device packs sub-byte integers (two s4 or four s2 per byte), so
+    # the memory at the address is not what Nx.from_pointer/5 takes (a
+    # byte per element); :ipc exports copy them out a byte per element.
+    defp packed_on_device!({kind, bits} = type) when bits < 8 and kind in [:s, :u] do
+      raise ArgumentError,
+            "Nx.to_pointer/2 with mode: :local does not support #{inspect(type)}: the device " <>
+              "packs sub-byte integers, #{div(8, bits)} per byte; use mode: :ipc"
+    end
+
+    defp packed_on_device!(_type), do: :ok
 
     defp not_in_host_memory!(buffer, mode) do
       platform = EXLA.Client.fetch!(buffer.client_name).platform

@@ -92,7 +92,8 @@ defmodule EXLA.DeviceBuffer do
   A buffer of `shape` on `device_id` of a host `client` that is a view of
   the shared memory object `name` (see `export_ipc/2`), not a copy: it is
   mapped writable when its permissions let this process write, else
-  read-only (and such a buffer cannot be donated).
+  read-only (and such a buffer cannot be donated). Sub-byte integers,
+  which the object holds one per byte and the device packs, are copied.
   """
   def import_ipc(name, %Shape{} = shape, client, device_id) when is_binary(name) do
     new_buffer(shape, client, device_id, &NIF.buffer_import_ipc(&1, name, &2, &3, device_id))
@@ -132,8 +133,8 @@ defmodule EXLA.DeviceBuffer do
   Reads the buffer's data, waiting for it to be computed.
 
   `size` limits how many bytes are read; -1 reads all of them. Sub-byte
-  integers take a byte each on the device, and are packed as Nx packs them
-  when read (see `EXLA.Shape`).
+  integers count a byte each here (PJRT gives them back so; the device
+  packs them), and are packed as Nx packs them when read (see `EXLA.Shape`).
   """
   def read(buffer, size \\ -1)
 
@@ -153,7 +154,7 @@ defmodule EXLA.DeviceBuffer do
         error -> NIF.unwrap!(error)
       end
 
-    Shape.from_device(data, shape.dtype, div(bytes, Shape.element_bytes(shape.dtype)))
+    Shape.from_host(data, shape.dtype)
   end
 
   def read(%__MODULE__{} = buffer, size) when is_integer(size),

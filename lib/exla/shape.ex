@@ -28,7 +28,8 @@ defmodule EXLA.Shape do
   ]
 
   # Types of Nx 0.9 and later (f8 is FP8 E5M2; s2, s4, u2 and u4 take a
-  # byte per element on devices, see to_device/2).
+  # byte per element in host memory given to or read from PJRT, see
+  # to_device/2).
   if EXLA.NxVersion.small_types?() do
     @codes @codes ++
              [
@@ -63,21 +64,31 @@ defmodule EXLA.Shape do
   end
 
   @doc false
-  # The bytes an element takes on a device: sub-byte integers take one.
+  # The bytes an element takes in host memory given to or read from PJRT:
+  # sub-byte integers take one.
   def element_bytes({_, bits}), do: max(div(bits, 8), 1)
 
   @doc false
   # Nx packs sub-byte integers (s2, s4, u2, u4) as bitstrings, `bits` bits
   # per element, the first element in the highest bits. PJRT takes them
-  # from the host one per byte (to_device/2) and gives them back, and hands
-  # them to host callbacks, packed its own way: `8 / bits` elements per
-  # byte, the first in the lowest bits (from_device/3, to_packed/2). Other
-  # types are left as they are.
+  # from the host and gives them back one per byte (to_device/2,
+  # from_host/2); on the device, and so to host callbacks, they are packed
+  # its own way: `8 / bits` elements per byte, the first in the lowest bits
+  # (from_device/3, to_packed/2). Other types are left as they are.
   def to_device(data, {kind, bits}) when bits < 8 and kind in [:s, :u] do
     for <<x::size(bits) <- data>>, into: <<>>, do: <<extend(x, kind, bits)::8>>
   end
 
   def to_device(data, _dtype), do: data
+
+  @doc false
+  # Data of the host's layout, one element per byte (what the plugin gives
+  # back, see to_device/2), packed as Nx packs it.
+  def from_host(data, {kind, bits}) when bits < 8 and kind in [:s, :u] do
+    for <<x::8 <- data>>, into: <<>>, do: <<x::size(bits)>>
+  end
+
+  def from_host(data, _dtype), do: data
 
   @doc false
   # The first `count` elements of data packed by the plugin, packed as Nx

@@ -254,6 +254,48 @@ defmodule EXLA.PointerTest do
       end
     end
 
+    if EXLA.NxVersion.small_types?() do
+      # The device packs sub-byte integers; :ipc objects hold them a byte
+      # each, large ones too (their export once read past the packed data).
+      test "large sub-byte tensors round-trip through :ipc a byte per element" do
+        n = 4_000_000
+
+        for {type, bits} <- [s2: 2, s4: 4, u2: 2, u4: 4] do
+          data = :crypto.strong_rand_bytes(div(n * bits, 8))
+          t = Nx.bitwise_not(Nx.from_binary(data, type, backend: EXLA.Backend))
+          pointer = Nx.to_pointer(t, mode: :ipc)
+          assert pointer.data_size == n
+          flipped = :crypto.exor(data, :binary.copy(<<255>>, byte_size(data)))
+          assert Nx.to_binary(import_ipc(pointer, type, {n})) == flipped, inspect(type)
+          # The export lives with the tensor.
+          assert Nx.to_binary(t) == flipped
+        end
+      end
+
+      # Memory at a :local address is the device's, packed; Nx.from_pointer/5
+      # takes host memory, a byte per element, and copies it.
+      test ":local refuses sub-byte tensors and imports them a byte per element" do
+        for type <- small_types() do
+          t = Nx.tensor([1, 0, 1], type: type, backend: EXLA.Backend)
+
+          assert_raise ArgumentError, ~r/mode: :local does not support .* use mode: :ipc/, fn ->
+            Nx.to_pointer(t, mode: :local)
+          end
+        end
+
+        bytes = Nx.tensor([1, 0, 3, 2], type: :u8, backend: EXLA.Backend)
+        pointer = Nx.to_pointer(bytes, mode: :local)
+
+        for type <- small_types() do
+          imported = Nx.from_pointer(EXLA.Backend, pointer, type, {4})
+          assert Nx.to_flat_list(imported) == Nx.to_flat_list(Nx.tensor([1, 0, 3, 2], type: type))
+        end
+
+        # The address is valid while the tensor lives.
+        assert Nx.to_flat_list(bytes) == [1, 0, 3, 2]
+      end
+    end
+
     defp small_types do
       if EXLA.NxVersion.small_types?(), do: [:s2, :s4, :u2, :u4], else: []
     end
@@ -279,17 +321,64 @@ defmodule EXLA.PointerTest do
     # it would have the program write there. Root may write any object, so
     # as root the importer runs without capabilities (setpriv).
     test "an import the process may not write is read-only and never donated" do
+      assert_never_donated(@read_only_child)
+    end
+
+    # Runs `script` on a read-only import of [1.0, 2.0]: it reads the view,
+    # is refused its donation, and reads it again.
+    defp assert_never_donated(script) do
       t = Nx.tensor([1.0, 2.0], backend: EXLA.Backend)
       pointer = Nx.to_pointer(t, mode: :ipc, permissions: 0o444)
       root? = String.trim(elem(System.cmd("id", ["-u"]), 0)) == "0"
       prefix = if root?, do: ["setpriv", "--bounding-set=-all", "--inh-caps=-all"], else: []
-      port = start_child(@read_only_child, [pointer.handle], prefix)
+      port = start_child(script, [pointer.handle], prefix)
 
       assert line(port) == "read [1.0, 2.0]"
       assert line(port) =~ ~r/^refused argument 0 is a read-only view of shared memory/
       assert line(port) == "after [1.0, 2.0]"
       assert_receive {^port, {:exit_status, 0}}, 60_000
       assert Nx.to_flat_list(t) == [1.0, 2.0]
+    end
+
+    # The importer, on a client of two devices: runs a program of two
+    # replicas that donates its argument, the view on device 0.
+    @read_only_devices_child """
+    [handle] = System.argv()
+    :ok = Application.load(:exla)
+    clients = Application.fetch_env!(:exla, :clients)
+    Application.put_env(:exla, :clients, clients ++ [two: [platform: :host, device_count: 2]])
+    {:ok, _} = Application.ensure_all_started(:exla)
+    pointer = %Nx.Pointer{kind: :ipc, handle: handle}
+    view = Nx.from_pointer({EXLA.Backend, client: :two}, pointer, :f32, {2})
+    IO.puts("read " <> inspect(Nx.to_flat_list(view)))
+    client = EXLA.Client.fetch!(:two)
+    shape = EXLA.Shape.make_shape({:f, 32}, {2})
+
+    mlir = ~s|module {
+      func.func public @main(%a: tensor<2xf32> {tf.aliasing_output = 0 : i32}) -> tensor<2xf32> {
+        %one = stablehlo.constant dense<1.0> : tensor<2xf32>
+        %0 = stablehlo.add %a, %one : tensor<2xf32>
+        return %0 : tensor<2xf32>
+      }
+    }|
+
+    exe = EXLA.Executable.compile(client, mlir, num_replicas: 2, input_shapes: [shape])
+    other = EXLA.DeviceBuffer.place_on_device(<<0::64>>, shape, client, 1)
+
+    try do
+      EXLA.Executable.run(exe, [[view.data.buffer], [other]], donate: [0])
+      IO.puts("donated")
+    rescue
+      e in ArgumentError -> IO.puts("refused " <> Exception.message(e))
+    end
+
+    IO.puts("after " <> inspect(Nx.to_flat_list(view)))
+    """
+
+    # The same refusal on a run over several devices, which once donated
+    # the view (it read as deleted afterwards).
+    test "a read-only import is never donated to a run on several devices" do
+      assert_never_donated(@read_only_devices_child)
     end
   end
 end

@@ -67,7 +67,7 @@ impl BufferResource {
         let mut exports = self.exports.lock().unwrap_or_else(|e| e.into_inner());
         // Under the lock, so a concurrent `give_up` either sees this export
         // or has already made the buffer read as deleted.
-        self.handle.host_address()?;
+        self.handle.ensure_live()?;
         exports.push(export);
         Ok(())
     }

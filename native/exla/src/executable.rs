@@ -148,6 +148,22 @@ fn wait_for<'a>(
     Ok(())
 }
 
+/// Refuses to donate a read-only view (an IPC import without write
+/// permission): XLA would write to memory mapped read-only and fault.
+fn refuse_read_only_donation(
+    arguments: &[ResourceArc<BufferResource>],
+    donatable: &[usize],
+) -> NifResult<()> {
+    let read_only = |&&i: &&usize| arguments.get(i).is_some_and(|b| b.read_only);
+    match donatable.iter().find(read_only) {
+        Some(position) => Err(Error::argument(format!(
+            "argument {position} is a read-only view of shared memory (an IPC pointer \
+             imported without write permission) and cannot be donated"
+        ))),
+        None => Ok(()),
+    }
+}
+
 /// Enqueues one execution. Every argument at a position in `donatable` is
 /// given up: the program reuses its memory for an output when it aliases
 /// it, and it is deleted otherwise, so a donated argument always reads as
@@ -157,13 +173,7 @@ fn run(
     arguments: &[ResourceArc<BufferResource>],
     donatable: &[usize],
 ) -> NifResult<Buffers> {
-    let read_only = |&&i: &&usize| arguments.get(i).is_some_and(|b| b.read_only);
-    if let Some(position) = donatable.iter().find(read_only) {
-        return Err(Error::argument(format!(
-            "argument {position} is a read-only view of shared memory (an IPC pointer \
-             imported without write permission) and cannot be donated"
-        )));
-    }
+    refuse_read_only_donation(arguments, donatable)?;
     let buffers: Vec<&pjrt::Buffer> = arguments.iter().map(|b| &*b.handle).collect();
     let outputs = executable.handle.execute(&buffers, donatable)?;
     give_up_donated(arguments, donatable);
@@ -209,6 +219,9 @@ fn executable_run_devices<'a>(
     reference: Term<'a>,
 ) -> NifResult<Atom> {
     pool::reply_later(env, pool::runs(), reference, move || {
+        for list in &lists {
+            refuse_read_only_donation(list, &donatable)?;
+        }
         let buffers: Vec<Vec<&pjrt::Buffer>> = lists
             .iter()
             .map(|list| list.iter().map(|b| &*b.handle).collect())

@@ -36,17 +36,18 @@ extern "C" fn on_halt(_priv_data: *mut c_void) {
     }
 }
 
-/// Installs `on_halt`, from the library's load callback. Returns whether
-/// the VM has the option (OTP 26 and later).
-pub fn install(env: rustler::Env) -> bool {
+/// Installs `on_halt`, from the library's load callback, where the VM has
+/// the option (OTP 26 and later); elsewhere a halt waits for nothing. (No
+/// event says which: at load, before Elixir sets the level, only warnings
+/// pass, and this is no fault.)
+pub fn install(env: rustler::Env) {
     // SAFETY: the VM's own symbols; `enif_set_option` has this signature
     // wherever it exists, and is called from the load callback as required.
     unsafe {
         let this = libloading::os::unix::Library::this();
-        let Ok(set_option) = this.get::<SetOption>(b"enif_set_option\0") else {
-            return false;
-        };
-        let callback: extern "C" fn(*mut c_void) = on_halt;
-        set_option(env.as_c_arg() as *mut c_void, ERL_NIF_OPT_ON_HALT, callback) == 0
+        if let Ok(set_option) = this.get::<SetOption>(b"enif_set_option\0") {
+            let callback: extern "C" fn(*mut c_void) = on_halt;
+            set_option(env.as_c_arg() as *mut c_void, ERL_NIF_OPT_ON_HALT, callback);
+        }
     }
 }

@@ -174,7 +174,8 @@ static EXPORTS: AtomicU64 = AtomicU64::new(0);
 
 /// Copies a buffer in host memory into a new shared memory object with
 /// the given permission bits, which it keeps until the buffer is freed.
-/// Returns the object's name and size.
+/// Returns the object's name and size. The object holds the host's layout
+/// (`copy_to_host`): sub-byte types take a byte per element.
 #[rustler::nif(schedule = "DirtyIo")]
 fn buffer_export_ipc(
     buffer: ResourceArc<BufferResource>,
@@ -217,7 +218,8 @@ fn buffer_export_ipc(
 }
 
 /// A buffer that is a view of the shared memory object `handle`, mapped
-/// writable where its permissions let this process write, else read-only.
+/// writable where its permissions let this process write, else read-only;
+/// a copy of it where the plugin stores the type otherwise than the host.
 #[rustler::nif(schedule = "DirtyIo")]
 fn buffer_import_ipc(
     client: ResourceArc<ClientResource>,
@@ -243,24 +245,34 @@ fn buffer_import_ipc(
             "the IPC handle {handle:?} holds {found} bytes, but the tensor takes {size}"
         )));
     }
-    let buffer = if size == 0 {
-        client.handle.buffer_from_host(&[], &shape, device)?
+    let (buffer, read_only) = if size == 0 {
+        (client.handle.buffer_from_host(&[], &shape, device)?, false)
     } else {
         let mapping = Mapping::new(&file, size, writable)?;
         let data = mapping.address as *mut u8;
         // SAFETY: the mapping holds `size` bytes, page-aligned, and lives
         // until the plugin calls `on_delete`, which unmaps it.
-        unsafe {
+        let view = unsafe {
             client
                 .handle
                 .view_of_memory(data, &shape, device, Box::new(move || drop(mapping)))?
+        };
+        if view.on_device_size()? == size {
+            (view, !writable)
+        } else {
+            // The object holds the host's layout (sub-byte types one per
+            // byte, see `buffer_export_ipc`), which the plugin stores
+            // otherwise (packed): a copy, made while the view keeps the
+            // mapping.
+            // SAFETY: the mapping holds `size` bytes, alive with `view`.
+            let bytes = unsafe { std::slice::from_raw_parts(data, size) };
+            (
+                client.handle.buffer_from_host(bytes, &shape, device)?,
+                false,
+            )
         }
     };
-    Ok(BufferResource::new_view(
-        buffer,
-        &client.ledger,
-        !writable && size > 0,
-    ))
+    Ok(BufferResource::new_view(buffer, &client.ledger, read_only))
 }
 
 fn open_error(handle: &str, e: std::io::Error) -> Error {

@@ -187,16 +187,41 @@ impl Buffer {
         if !self.is_on_cpu()? {
             return Ok(None);
         }
-        let mut ptr = new_args!(ffi::PJRT_Buffer_UnsafePointer_Args, buffer_pointer);
-        ptr.buffer = self.raw;
-        call!(self.client.plugin(), PJRT_Buffer_UnsafePointer, &mut ptr)
+        self.unsafe_pointer().map(Some)
+    }
+
+    /// The address of the buffer's storage (for a buffer in host memory).
+    fn unsafe_pointer(&self) -> Result<usize> {
+        let mut args = new_args!(ffi::PJRT_Buffer_UnsafePointer_Args, buffer_pointer);
+        args.buffer = self.raw;
+        call!(self.client.plugin(), PJRT_Buffer_UnsafePointer, &mut args)
             .map_err(|e| self.explain(e))?;
-        Ok(Some(ptr.buffer_pointer as usize))
+        Ok(args.buffer_pointer)
+    }
+
+    /// The bytes the buffer's storage takes on its device. Plugins may lay
+    /// data out otherwise than on the host: XLA packs sub-byte types (two
+    /// s4 or four s2 per byte), which take a byte each on the host.
+    pub fn on_device_size(&self) -> Result<usize> {
+        let mut args = new_args!(
+            ffi::PJRT_Buffer_OnDeviceSizeInBytes_Args,
+            on_device_size_in_bytes
+        );
+        args.buffer = self.raw;
+        call!(
+            self.client.plugin(),
+            PJRT_Buffer_OnDeviceSizeInBytes,
+            &mut args
+        )
+        .map_err(|e| self.explain(e))?;
+        Ok(args.on_device_size_in_bytes)
     }
 
     /// Copies the first `dst.len()` bytes of a ready buffer that lives in host
-    /// memory, without a transfer. Returns false (copying nothing) when the
-    /// buffer is not ready or not in host memory.
+    /// memory, without a transfer: the bytes `copy_to_host` gives. Returns
+    /// false (copying nothing) when the buffer is not ready, not in host
+    /// memory, or stored otherwise than on the host (its storage is not the
+    /// size of the host's, as for sub-byte types the plugin packs).
     pub fn try_copy_from_host_memory(&self, dst: &mut [u8]) -> Result<bool> {
         // Deletion and donation wait from the liveness check until the
         // external reference is released (see `holds`); the reference keeps
@@ -207,20 +232,16 @@ impl Buffer {
             return Ok(false);
         }
         self.check_read_size(dst.len())?;
+        if self.on_device_size()? != self.shape.byte_size()? {
+            return Ok(false);
+        }
         let _reference = self.external_reference(hold)?;
-        let mut ptr = new_args!(ffi::PJRT_Buffer_UnsafePointer_Args, buffer_pointer);
-        ptr.buffer = self.raw;
-        call!(self.client.plugin(), PJRT_Buffer_UnsafePointer, &mut ptr)
-            .map_err(|e| self.explain(e))?;
-        if !dst.is_empty() && ptr.buffer_pointer != 0 {
-            // SAFETY: the buffer holds byte_size >= dst.len() bytes at this
-            // address, kept alive by the external reference.
+        let address = self.unsafe_pointer()?;
+        if !dst.is_empty() && address != 0 {
+            // SAFETY: the buffer's storage is byte_size >= dst.len() bytes at
+            // this address, kept alive by the external reference.
             unsafe {
-                std::ptr::copy_nonoverlapping(
-                    ptr.buffer_pointer as *const u8,
-                    dst.as_mut_ptr(),
-                    dst.len(),
-                )
+                std::ptr::copy_nonoverlapping(address as *const u8, dst.as_mut_ptr(), dst.len())
             }
         }
         Ok(true)

@@ -340,25 +340,19 @@ impl Client {
         device: usize,
         on_delete: Box<dyn FnOnce() + Send>,
     ) -> Result<Buffer> {
-        let mut args = new_args!(ffi::PJRT_Client_CreateViewOfDeviceBuffer_Args, buffer);
+        let mut args = new_args!(ffi::PJRT_Client_CreateViewOfDeviceBuffer_Args, memory);
         args.client = self.raw;
         args.device_buffer_ptr = data.cast();
         args.dims = shape.dims.as_ptr();
         args.num_dims = shape.dims.len();
         args.element_type = shape.element_type.code();
-        args.device = match self.device_raw(device) {
-            Ok(raw) => raw,
-            Err(error) => {
-                on_delete();
-                return Err(error);
-            }
-        };
         let user_arg = Box::into_raw(Box::new(on_delete));
         args.on_delete_callback = Some(run_on_delete);
         args.on_delete_callback_arg = user_arg.cast();
-        let made = (|| -> Result<()> {
+        let made = self.device_raw(device).and_then(|raw| {
+            args.device = raw;
             call!(self.plugin, PJRT_Client_CreateViewOfDeviceBuffer, &mut args)
-        })();
+        });
         match made {
             Ok(()) => Ok(Buffer::from_raw(self, args.buffer, shape.clone(), device)),
             Err(error) => {

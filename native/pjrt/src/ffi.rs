@@ -279,6 +279,8 @@ pub struct PJRT_Client_CreateViewOfDeviceBuffer_Args {
     pub on_delete_callback_arg: *mut c_void,
     pub stream: isize,
     pub buffer: *mut PJRT_Buffer,
+    /// Since 0.66; preferred over `device`. Null: the device's default memory.
+    pub memory: *mut PJRT_Memory,
 }
 
 #[repr(C)]
@@ -492,6 +494,14 @@ pub struct PJRT_Buffer_ToHostBuffer_Args {
 }
 
 #[repr(C)]
+pub struct PJRT_Buffer_OnDeviceSizeInBytes_Args {
+    pub struct_size: usize,
+    pub extension_start: *mut PJRT_Extension_Base,
+    pub buffer: *mut PJRT_Buffer,
+    pub on_device_size_in_bytes: usize,
+}
+
+#[repr(C)]
 pub struct PJRT_Buffer_IsOnCpu_Args {
     pub struct_size: usize,
     pub extension_start: *mut PJRT_Extension_Base,
@@ -642,7 +652,9 @@ pub struct PJRT_Api {
     pub PJRT_Buffer_UnpaddedDimensions: Option<unsafe extern "C" fn()>,
     pub PJRT_Buffer_DynamicDimensionIndices: Option<unsafe extern "C" fn()>,
     pub PJRT_Buffer_GetMemoryLayout: Option<unsafe extern "C" fn()>,
-    pub PJRT_Buffer_OnDeviceSizeInBytes: Option<unsafe extern "C" fn()>,
+    pub PJRT_Buffer_OnDeviceSizeInBytes: Option<
+        unsafe extern "C" fn(args: *mut PJRT_Buffer_OnDeviceSizeInBytes_Args) -> *mut PJRT_Error,
+    >,
     pub PJRT_Buffer_Device: Option<unsafe extern "C" fn()>,
     pub PJRT_Buffer_Memory: Option<unsafe extern "C" fn()>,
     pub PJRT_Buffer_Delete:

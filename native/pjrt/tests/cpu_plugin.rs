@@ -203,6 +203,25 @@ fn reads_a_prefix_and_rejects_oversized_reads() {
     ));
 }
 
+/// XLA packs s4 two per byte on the device; the host gives and gets them
+/// a byte each, and a copy never reads past the packed storage.
+#[test]
+fn sub_byte_types_are_packed_on_the_device_and_read_a_byte_each() {
+    let client = client(1);
+    let count = 1 << 22;
+    let host: Vec<u8> = (0..count).map(|i| (i % 16) as u8).collect();
+    let shape = Shape::new(ElementType::U4, vec![count as i64]).unwrap();
+    let buffer = client.buffer_from_host(&host, &shape, 0).unwrap();
+    assert_eq!(buffer.on_device_size().unwrap(), count / 2);
+    assert_eq!(upload(&client, &[1.0]).on_device_size().unwrap(), 4);
+    buffer.wait().unwrap();
+    let mut raw = vec![0u8; count];
+    assert!(!buffer.try_copy_from_host_memory(&mut raw).unwrap());
+    let mut back = vec![0u8; count];
+    buffer.copy_to_host(&mut back).unwrap();
+    assert!(back == host);
+}
+
 #[test]
 fn rejects_arguments_of_the_wrong_type_or_shape() {
     let client = client(1);
