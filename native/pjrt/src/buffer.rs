@@ -232,7 +232,9 @@ impl Buffer {
             return Ok(false);
         }
         self.check_read_size(dst.len())?;
-        if self.on_device_size()? != self.shape.byte_size()? {
+        // Only sub-byte types are stored otherwise than on the host; asking
+        // for every read would add a plugin call to the smallest reads.
+        if self.shape.element_type.sub_byte() && self.on_device_size()? != self.shape.byte_size()? {
             return Ok(false);
         }
         let _reference = self.external_reference(hold)?;

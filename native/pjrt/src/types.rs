@@ -46,6 +46,12 @@ impl ElementType {
         self as i32
     }
 
+    /// Whether elements take less than a byte (plugins may pack them).
+    pub fn sub_byte(self) -> bool {
+        use ElementType::*;
+        matches!(self, S4 | U4 | S2 | U2)
+    }
+
     pub fn byte_size(self) -> usize {
         use ElementType::*;
         match self {
