@@ -189,7 +189,9 @@ defmodule EXLA do
   it, the function is compiled there. A `jit/2` function compiles on each
   node it runs on, except that a jitted anonymous function made on another
   connected node first looks there for its program, cached for the same
-  arguments and options, and loads it likewise.
+  arguments and options, and loads it likewise. (From OTP 27 on, a
+  function no longer records the node that made it: it looks on every
+  connected node.)
 
   ## Telemetry
 

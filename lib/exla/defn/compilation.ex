@@ -83,20 +83,17 @@ defmodule EXLA.Defn.Compilation do
     end
   end
 
-  # An anonymous function remembers the process that made it. Made on
-  # another node that is connected, it may be compiled and cached there
-  # already: then its executable is loaded from there (same plugin, same
-  # client name and device), which spares compiling it here.
+  # An anonymous function made on another node that is connected may be
+  # compiled and cached there already: then its executable is loaded from
+  # there (same plugin, same client name and device), which spares
+  # compiling it here.
   defp from_origin(key, cache_key, opts) when is_function(key) do
     with true <- opts[:cache] != false,
-         {:pid, pid} when is_pid(pid) and node(pid) != node() <- :erlang.fun_info(key, :pid),
-         true <- node(pid) in Node.list(),
-         %Compiled{exe: exe, client_name: client, device_id: device} = compiled <-
-           cached_on(node(pid), cache_key),
-         true <- client == opts[:client] and device == opts[:device_id],
+         [_ | _] = nodes <- origins(key),
+         %Compiled{exe: exe} = compiled <- cached_on(nodes, cache_key, opts),
          {:ok, local} <- EXLA.Executable.load_remote(exe) do
       if compiled.callbacks, do: EXLA.HostCallback.install!(local.client)
-      if opts[:debug], do: Logger.debug("EXLA loaded #{inspect(key)} from #{node(pid)}")
+      if opts[:debug], do: Logger.debug("EXLA loaded #{inspect(key)} from #{node(exe.ref)}")
       %{compiled | exe: local, client: local.client}
     else
       _ -> nil
@@ -105,13 +102,39 @@ defmodule EXLA.Defn.Compilation do
 
   defp from_origin(_key, _cache_key, _opts), do: nil
 
+  # The nodes that may have made `fun`. Up to OTP 26 a function remembers
+  # the process that made it: its node, when that is another one and
+  # connected. From OTP 27 on, functions no longer record it (their
+  # process reads as #PID<0.0.0>, as a function without an environment's
+  # did before): every connected node may have.
+  defp origins(fun) do
+    case :erlang.fun_info(fun, :pid) do
+      {:pid, pid} when is_pid(pid) ->
+        cond do
+          pid == :erlang.list_to_pid(~c"<0.0.0>") -> Node.list()
+          node(pid) in Node.list() -> [node(pid)]
+          true -> []
+        end
+
+      {:pid, :undefined} ->
+        []
+    end
+  end
+
   # A node that does not answer soon is not waited for: compiling is.
   @origin_timeout 10_000
 
-  defp cached_on(node, cache_key) do
-    :erpc.call(node, LockedCache, :get, [cache_key], @origin_timeout)
-  catch
-    _kind, _reason -> nil
+  # The first program that one of `nodes` has cached under `cache_key` for
+  # the same client name and device.
+  defp cached_on(nodes, cache_key, opts) do
+    {client, device} = {opts[:client], opts[:device_id]}
+
+    nodes
+    |> :erpc.multicall(LockedCache, :get, [cache_key], @origin_timeout)
+    |> Enum.find_value(fn
+      {:ok, %Compiled{client_name: ^client, device_id: ^device} = compiled} -> compiled
+      _other -> nil
+    end)
   end
 
   defp build(key, vars, fun, opts) do
