@@ -117,17 +117,15 @@ defmodule EXLA.TestPeer do
   """
   def start_serving(node, opts) do
     {holder, {:ok, _pid}} = hold(node, Nx.Serving, :start_link, [opts])
-    wait_for_serving(node)
+    wait_for_serving(node, Keyword.fetch!(opts, :name))
     holder
   end
 
-  defp wait_for_serving(node) do
-    joined? =
-      EXLA.TestWait.until(
-        fn -> Enum.any?(:pg.get_members(Nx.Serving.PG, Nx.Serving), &(node(&1) == node)) end,
-        100,
-        50
-      )
+  # Servings join the process group Nx.Serving on Nx 0.7 and one named
+  # after them on Nx 0.12 and later.
+  defp wait_for_serving(node, name) do
+    there? = fn group -> Enum.any?(:pg.get_members(Nx.Serving.PG, group), &(node(&1) == node)) end
+    joined? = EXLA.TestWait.until(fn -> there?.(Nx.Serving) or there?.(name) end, 100, 50)
 
     joined? || raise "no serving of #{node} joined the cluster's group"
   end
