@@ -332,13 +332,20 @@ defmodule EXLA.ClientTest do
     # scripts that halted right after their first transfer died (segfault
     # or "pure virtual method called") instead of exiting with their
     # status. The NIF makes the halt wait for native work (OTP 26+).
+    @halting_start "Nx.to_binary(Nx.tensor([1.0, 2.0], backend: EXLA.Backend))"
+
+    @tag :halt_hook
+    @tag :tmp_dir
+    test "a script that halts during the warm-up exits with its status", %{tmp_dir: dir} do
+      assert_scripts_exit_cleanly(dir, [0, 9, 30], @halting_start, 7)
+    end
+
     @tag :slow
     @tag :halt_hook
     @tag :tmp_dir
     test "a script that halts during the warm-up or a compile exits with its status",
          %{tmp_dir: dir} do
-      start = "Nx.to_binary(Nx.tensor([1.0, 2.0], backend: EXLA.Backend))"
-      assert_scripts_exit_cleanly(dir, 0..60//3, start, 7)
+      assert_scripts_exit_cleanly(dir, 0..60//3, @halting_start, 7)
     end
   end
 
