@@ -76,10 +76,8 @@ defmodule EXLA.ClientTest do
       IO.puts("devices: \#{EXLA.Client.fetch!(:host).device_count}")
       """
 
-      paths = Enum.flat_map(:code.get_path(), &["-pa", List.to_string(&1)])
-
       {output, 0} =
-        System.cmd(System.find_executable("elixir"), paths ++ ["-e", code],
+        EXLA.TestScript.run(code,
           env: [{"XLA_FLAGS", "--xla_force_host_platform_device_count=4"}],
           cd: dir,
           stderr_to_stdout: true
@@ -354,8 +352,6 @@ defmodule EXLA.ClientTest do
   # must print its line and exit with status 0 or, given `halt`, call
   # System.halt(halt) and exit with that status.
   defp assert_scripts_exit_cleanly(dir, delays, start, halt \\ nil) do
-    paths = Enum.flat_map(:code.get_path(), &["-pa", List.to_string(&1)])
-
     for delay <- delays do
       code = """
       Application.ensure_all_started(:exla)
@@ -366,7 +362,7 @@ defmodule EXLA.ClientTest do
       """
 
       assert {"done\n", halt || 0} ==
-               System.cmd(System.find_executable("elixir"), paths ++ ["-e", code], cd: dir),
+               EXLA.TestScript.run(code, cd: dir),
              "the script ending #{delay} ms after it started: #{start}"
     end
   end

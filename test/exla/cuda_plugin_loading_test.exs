@@ -106,8 +106,6 @@ defmodule EXLA.CudaPluginLoadingTest do
   # whose library path is `library_path`; returns what `body` returned or
   # raised, and the files under `root` that the process mapped.
   defp run_fresh(root, venv, library_path, body) do
-    paths = Enum.flat_map(:code.get_path(), &["-pa", List.to_string(&1)])
-
     code = """
     System.put_env("PATH", #{inspect(Path.join(root, "no-python-bin"))})
 
@@ -140,7 +138,7 @@ defmodule EXLA.CudaPluginLoadingTest do
     ]
 
     {output, 0} =
-      System.cmd(System.find_executable("elixir"), paths ++ ["-e", code],
+      EXLA.TestScript.run(code,
         env: env,
         stderr_to_stdout: true
       )

@@ -330,8 +330,6 @@ defmodule EXLA.NativeLogTest do
     # CPU plugin write one info line (`cpu_device_count set via
     # create_options`).
     defp plugin_lines(code) do
-      paths = Enum.flat_map(:code.get_path(), &["-pa", List.to_string(&1)])
-
       code = """
       #{code}
       Application.ensure_all_started(:exla)
@@ -340,7 +338,7 @@ defmodule EXLA.NativeLogTest do
       """
 
       {output, 0} =
-        System.cmd(System.find_executable("elixir"), paths ++ ["-e", code],
+        EXLA.TestScript.run(code,
           env:
             for(
               name <- ~w(TF_CPP_MIN_LOG_LEVEL TF_CPP_MAX_VLOG_LEVEL TF_CPP_VMODULE),

@@ -157,8 +157,6 @@ defmodule EXLA.XLAOptionsTest do
     # XLA reads XLA_FLAGS from the environment of the OS process, which
     # System.put_env/2 does not change: a fresh VM gets it.
     defp run_vm(flags) do
-      paths = Enum.flat_map(:code.get_path(), &["-pa", List.to_string(&1)])
-
       code = """
       Application.ensure_all_started(:exla)
 
@@ -171,7 +169,7 @@ defmodule EXLA.XLAOptionsTest do
       end
       """
 
-      System.cmd(System.find_executable("elixir"), paths ++ ["-e", code],
+      EXLA.TestScript.run(code,
         env: [{"XLA_FLAGS", flags}],
         stderr_to_stdout: true
       )
