@@ -51,6 +51,7 @@ defmodule CumulativeBench do
 
     {native_compile, _} = :timer.tc(fn -> wait(native.(x)) end)
     {default_compile, _} = :timer.tc(fn -> wait(default.(x)) end)
+    same!(native.(x), default.(x), op, shape, axis)
     iterations = iterations(fn -> wait(default.(x)) end)
 
     {n_times, d_times} =
@@ -71,6 +72,13 @@ defmodule CumulativeBench do
         fmt(nt / dt, 16) <>
         "  " <> fmt(native_compile / 1000, 7) <> " /" <> fmt(default_compile / 1000, 7)
     )
+  end
+
+  # Both sides compute the same op (f32 sums in other orders: rtol 1e-3).
+  defp same!(native, default, op, shape, axis) do
+    unless Nx.to_number(Nx.all_close(native, default, rtol: 1.0e-3)) == 1 do
+      raise "the window reduction and the default differ: #{op} of #{inspect(shape)} on #{axis}"
+    end
   end
 
   # The cumulative op as one window reduction: each window ends at its
