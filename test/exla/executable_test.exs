@@ -190,6 +190,29 @@ defmodule EXLA.ExecutableTest do
     end
   end
 
+  # The CPU plugin serialized a loaded executable without its compiled
+  # code: the bytes loaded, and the run failed ("Function ... not found").
+  # This is the path of a program from the disk cache sent to another node.
+  test "a loaded executable serializes to what it was loaded from, and that runs",
+       %{client: client} do
+    fun = fn x -> x |> Nx.multiply(2.0) |> Nx.add(1.0) |> Nx.tanh() |> Nx.sum(axes: [1]) end
+    x = Nx.iota({3, 4}, type: :f32) |> Nx.divide(12)
+    %{mlir_module: mlir} = EXLA.to_mlir_module(fun, [x])
+    binary = Executable.serialize(Executable.compile(client, mlir))
+
+    again = Executable.serialize(Executable.deserialize(client, binary))
+    assert again == binary
+
+    [[out]] =
+      Executable.run(Executable.deserialize(client, again), [
+        [{Nx.to_binary(x), Shape.make_shape({:f, 32}, {3, 4})}]
+      ])
+
+    expected = Nx.Defn.jit_apply(fun, [x], compiler: Nx.Defn.Evaluator)
+    got = Nx.from_binary(DeviceBuffer.read(out), :f32)
+    assert Nx.to_number(Nx.all_close(got, expected, atol: 1.0e-6)) == 1
+  end
+
   # The foreign binary logs an integrity warning, kept off the console.
   @tag :capture_log
   test "serializes and deserializes", %{client: client} do
