@@ -55,7 +55,8 @@ defmodule EXLA.Recompilation do
 
   defp count(key, vars, expr, threshold) do
     if :ets.whereis(@table) != :undefined do
-      counter = digest({function_id(key), shapes(vars), shapes([expr])})
+      shapes = &EXLA.Defn.Compilation.vars_key/1
+      counter = digest({function_id(key), shapes.(vars), shapes.([expr])})
       count = :ets.update_counter(@table, counter, 1, {counter, 0})
       if count == threshold, do: warn(key, count)
     end
@@ -94,13 +95,6 @@ defmodule EXLA.Recompilation do
   end
 
   defp arity(fun), do: elem(Function.info(fun, :arity), 1)
-
-  # Of a list of containers.
-  defp shapes(containers) do
-    containers
-    |> Nx.Defn.Composite.flatten_list()
-    |> Enum.map(&{&1.type, &1.shape, &1.names, &1.vectorized_axes})
-  end
 
   defp normalize(%Nx.Tensor{type: type, shape: shape}), do: {Nx.Tensor, type, shape}
   # Nx wraps a function whose arguments include options or functions in a
