@@ -1,0 +1,472 @@
+//! EXLA's decompositions on the host: QR, eigh, SVD, Cholesky and LU as
+//! XLA FFI custom calls, registered with a CPU plugin by `install` and
+//! emitted by `EXLA.Defn.Lowering.LinAlgCalls`. Each runs on the plugin's
+//! thread that reaches the call, with no trip through the BEAM; the
+//! decompositions themselves are faer's (`kernels.rs`).
+//!
+//! Every target takes one operand, a batch of matrices `[..., m, n]` of
+//! f32, f64, c64 or c128 (row-major, as `EXLA.MLIR.Ops.custom_call/5` lays
+//! them out), and returns its factors for each matrix of the batch:
+//!
+//! | target | attributes | results |
+//! | --- | --- | --- |
+//! | `exla_linalg_qr` | `complete` (0 or 1) | Q `[..., m, k]`, R `[..., k, n]`: k = m if complete, else min(m, n) |
+//! | `exla_linalg_eigh` | | eigenvalues `[..., n]` (real), eigenvectors `[..., n, n]` |
+//! | `exla_linalg_svd` | `full` (0 or 1) | U `[..., m, m or k]`, S `[..., k]` (real), Vᴴ `[..., n or k, n]` |
+//! | `exla_linalg_cholesky` | | L `[..., n, n]` |
+//! | `exla_linalg_lu` | | P, L, U `[..., n, n]` |
+//!
+//! The conventions (order, signs, bad input) are `kernels.rs`'s. Shapes and
+//! types that do not fit fail the execution with an invalid-argument error
+//! (the lowering never emits them).
+//!
+//! Threads: a kernel runs on the calling plugin thread, serially, unless
+//! its batch is large enough to pay for threads (see `plan`): then on a
+//! pool of this crate's own, one thread per core, either one matrix at a
+//! time with faer's parallel code (large matrices) or the matrices of the
+//! batch spread over the pool (small ones). The calling thread waits
+//! meanwhile, so at most one thread per core computes for a kernel.
+
+pub mod kernels;
+
+use std::sync::OnceLock;
+
+use faer::{Mat, Par};
+use pjrt::xla_ffi::{self, dtype, Buffer, Call, FfiError, Handler, Platform};
+use pjrt::Plugin;
+use rayon::prelude::*;
+
+pub use kernels::Elem;
+
+/// The FFI targets, in `install`'s order.
+pub const TARGETS: [&str; 5] = [
+    Qr::TARGET,
+    Eigh::TARGET,
+    Svd::TARGET,
+    Cholesky::TARGET,
+    Lu::TARGET,
+];
+
+/// Registers every decomposition with `plugin`, a CPU plugin, for the host
+/// platform. Registering again does nothing.
+pub fn install(plugin: &Plugin) -> pjrt::Result<()> {
+    xla_ffi::register::<Kernel<Qr>>(plugin, Platform::Host, Qr::TARGET)?;
+    xla_ffi::register::<Kernel<Eigh>>(plugin, Platform::Host, Eigh::TARGET)?;
+    xla_ffi::register::<Kernel<Svd>>(plugin, Platform::Host, Svd::TARGET)?;
+    xla_ffi::register::<Kernel<Cholesky>>(plugin, Platform::Host, Cholesky::TARGET)?;
+    xla_ffi::register::<Kernel<Lu>>(plugin, Platform::Host, Lu::TARGET)
+}
+
+/// A decomposition served as an FFI target.
+trait Decomposition: 'static {
+    const TARGET: &'static str;
+    /// What the call's attributes say (modes).
+    type Options: Copy + Send + Sync;
+
+    fn options(call: &Call<'_>) -> Result<Self::Options, FfiError>;
+
+    /// The results' matrix dimensions (after the batch dimensions) for an
+    /// m x n input, each with whether it holds real values.
+    fn results(m: usize, n: usize, options: Self::Options) -> Result<Vec<Output>, FfiError>;
+
+    /// About how many floating-point operations one matrix takes.
+    fn work(m: usize, n: usize) -> f64;
+
+    /// Decomposes `a` and writes each result, row-major, in `outs`.
+    fn compute<T: Elem>(a: Mat<T>, options: Self::Options, par: Par, outs: &mut [&mut [u8]]);
+}
+
+/// One result of a decomposition: its trailing dimensions and whether it
+/// holds real values (of the input's precision) rather than the input's type.
+struct Output {
+    dims: Vec<usize>,
+    real: bool,
+}
+
+fn same(dims: &[usize]) -> Output {
+    Output {
+        dims: dims.to_vec(),
+        real: false,
+    }
+}
+
+fn real(dims: &[usize]) -> Output {
+    Output {
+        dims: dims.to_vec(),
+        real: true,
+    }
+}
+
+fn square(m: usize, n: usize, target: &str) -> Result<(), FfiError> {
+    if m == n {
+        Ok(())
+    } else {
+        Err(FfiError::invalid_argument(format!(
+            "{target} takes square matrices, got {m}x{n}"
+        )))
+    }
+}
+
+fn flag(call: &Call<'_>, name: &str) -> Result<bool, FfiError> {
+    Ok(call.attr_i64(name)? != 0)
+}
+
+struct Qr;
+
+impl Decomposition for Qr {
+    const TARGET: &'static str = "exla_linalg_qr";
+    type Options = bool;
+
+    fn options(call: &Call<'_>) -> Result<bool, FfiError> {
+        flag(call, "complete")
+    }
+
+    fn results(m: usize, n: usize, complete: bool) -> Result<Vec<Output>, FfiError> {
+        let k = if complete { m } else { m.min(n) };
+        Ok(vec![same(&[m, k]), same(&[k, n])])
+    }
+
+    fn work(m: usize, n: usize) -> f64 {
+        4.0 * (m * n) as f64 * m.min(n) as f64
+    }
+
+    fn compute<T: Elem>(a: Mat<T>, complete: bool, par: Par, outs: &mut [&mut [u8]]) {
+        let (q, r) = kernels::qr(a, complete, par);
+        kernels::write_matrix(&q, outs[0]);
+        kernels::write_matrix(&r, outs[1]);
+    }
+}
+
+struct Eigh;
+
+impl Decomposition for Eigh {
+    const TARGET: &'static str = "exla_linalg_eigh";
+    type Options = ();
+
+    fn options(_: &Call<'_>) -> Result<(), FfiError> {
+        Ok(())
+    }
+
+    fn results(m: usize, n: usize, _: ()) -> Result<Vec<Output>, FfiError> {
+        square(m, n, Self::TARGET)?;
+        Ok(vec![real(&[n]), same(&[n, n])])
+    }
+
+    fn work(_m: usize, n: usize) -> f64 {
+        9.0 * (n as f64).powi(3)
+    }
+
+    fn compute<T: Elem>(a: Mat<T>, _: (), par: Par, outs: &mut [&mut [u8]]) {
+        let (values, vectors) = kernels::eigh(a, par);
+        kernels::write_values(values, outs[0]);
+        kernels::write_matrix(&vectors, outs[1]);
+    }
+}
+
+struct Svd;
+
+impl Decomposition for Svd {
+    const TARGET: &'static str = "exla_linalg_svd";
+    type Options = bool;
+
+    fn options(call: &Call<'_>) -> Result<bool, FfiError> {
+        flag(call, "full")
+    }
+
+    fn results(m: usize, n: usize, full: bool) -> Result<Vec<Output>, FfiError> {
+        let k = m.min(n);
+        let (cols_u, rows_v) = if full { (m, n) } else { (k, k) };
+        Ok(vec![same(&[m, cols_u]), real(&[k]), same(&[rows_v, n])])
+    }
+
+    fn work(m: usize, n: usize) -> f64 {
+        let (big, small) = (m.max(n) as f64, m.min(n) as f64);
+        12.0 * big * big * small + 10.0 * small.powi(3)
+    }
+
+    fn compute<T: Elem>(a: Mat<T>, full: bool, par: Par, outs: &mut [&mut [u8]]) {
+        let (u, s, vh) = kernels::svd(a, full, par);
+        kernels::write_matrix(&u, outs[0]);
+        kernels::write_values(s, outs[1]);
+        kernels::write_matrix(&vh, outs[2]);
+    }
+}
+
+struct Cholesky;
+
+impl Decomposition for Cholesky {
+    const TARGET: &'static str = "exla_linalg_cholesky";
+    type Options = ();
+
+    fn options(_: &Call<'_>) -> Result<(), FfiError> {
+        Ok(())
+    }
+
+    fn results(m: usize, n: usize, _: ()) -> Result<Vec<Output>, FfiError> {
+        square(m, n, Self::TARGET)?;
+        Ok(vec![same(&[n, n])])
+    }
+
+    fn work(_m: usize, n: usize) -> f64 {
+        (n as f64).powi(3) / 3.0
+    }
+
+    fn compute<T: Elem>(a: Mat<T>, _: (), par: Par, outs: &mut [&mut [u8]]) {
+        let l = kernels::cholesky(a, par);
+        kernels::write_matrix(&l, outs[0]);
+    }
+}
+
+struct Lu;
+
+impl Decomposition for Lu {
+    const TARGET: &'static str = "exla_linalg_lu";
+    type Options = ();
+
+    fn options(_: &Call<'_>) -> Result<(), FfiError> {
+        Ok(())
+    }
+
+    fn results(m: usize, n: usize, _: ()) -> Result<Vec<Output>, FfiError> {
+        square(m, n, Self::TARGET)?;
+        Ok(vec![same(&[n, n]), same(&[n, n]), same(&[n, n])])
+    }
+
+    fn work(_m: usize, n: usize) -> f64 {
+        2.0 * (n as f64).powi(3) / 3.0
+    }
+
+    fn compute<T: Elem>(a: Mat<T>, _: (), par: Par, outs: &mut [&mut [u8]]) {
+        let (p, l, u, _sign) = kernels::lu(a, par);
+        kernels::write_matrix(&p, outs[0]);
+        kernels::write_matrix(&l, outs[1]);
+        kernels::write_matrix(&u, outs[2]);
+    }
+}
+
+/// The FFI handler of a decomposition.
+struct Kernel<D>(std::marker::PhantomData<D>);
+
+impl<D: Decomposition> Handler for Kernel<D> {
+    const NAME: &'static str = D::TARGET;
+
+    fn execute(call: &mut Call<'_>) -> Result<(), FfiError> {
+        let [input] = call.args[..] else {
+            return Err(FfiError::invalid_argument(format!(
+                "{} takes one operand, got {}",
+                D::TARGET,
+                call.args.len()
+            )));
+        };
+        match input.dtype() {
+            dtype::F32 => run::<D, f32>(call, input),
+            dtype::F64 => run::<D, f64>(call, input),
+            dtype::C64 => run::<D, faer::c32>(call, input),
+            dtype::C128 => run::<D, faer::c64>(call, input),
+            other => Err(FfiError::invalid_argument(format!(
+                "{} takes f32, f64, c64 or c128 matrices, got XLA data type {other}",
+                D::TARGET
+            ))),
+        }
+    }
+}
+
+/// Decomposes each matrix of `input`, of element type `T`, into the call's
+/// results, after checking their types and shapes.
+fn run<D: Decomposition, T: Elem>(call: &mut Call<'_>, input: Buffer<'_>) -> Result<(), FfiError> {
+    let dims = dims(input.dims())?;
+    if dims.len() < 2 {
+        return Err(FfiError::invalid_argument(format!(
+            "{} takes a batch of matrices, got dimensions {dims:?}",
+            D::TARGET
+        )));
+    }
+    let (batch_dims, matrix) = dims.split_at(dims.len() - 2);
+    let (m, n) = (matrix[0], matrix[1]);
+    let options = D::options(call)?;
+    let outputs = D::results(m, n, options)?;
+    check_results::<T>(call, D::TARGET, batch_dims, &outputs)?;
+    let count: usize = batch_dims.iter().product();
+    let inputs = chunks(input.host_bytes()?, count);
+    let mut per_matrix: Vec<Vec<&mut [u8]>> = (0..count).map(|_| Vec::new()).collect();
+    for ret in call.rets.iter_mut() {
+        for (b, chunk) in chunks_mut(ret.host_bytes_mut()?, count)
+            .into_iter()
+            .enumerate()
+        {
+            per_matrix[b].push(chunk);
+        }
+    }
+    let decompose = |bytes: &[u8], outs: &mut Vec<&mut [u8]>, par: Par| {
+        D::compute(kernels::read_matrix::<T>(bytes, m, n), options, par, outs);
+    };
+    match plan(count, D::work(m, n) * element_cost::<T>()) {
+        Plan::Serial => {
+            for (bytes, outs) in inputs.iter().zip(per_matrix.iter_mut()) {
+                decompose(bytes, outs, Par::Seq);
+            }
+        }
+        Plan::EachMatrixInParallel(pool) => pool.install(|| {
+            let par = Par::rayon(pool.current_num_threads());
+            for (bytes, outs) in inputs.iter().zip(per_matrix.iter_mut()) {
+                decompose(bytes, outs, par);
+            }
+        }),
+        Plan::MatricesInParallel(pool) => pool.install(|| {
+            inputs
+                .par_iter()
+                .zip(per_matrix.par_iter_mut())
+                .for_each(|(bytes, outs)| decompose(bytes, outs, Par::Seq));
+        }),
+    }
+    Ok(())
+}
+
+fn dims(dims: &[i64]) -> Result<Vec<usize>, FfiError> {
+    dims.iter()
+        .map(|&d| usize::try_from(d).map_err(|_| FfiError::invalid_argument("bad dimensions")))
+        .collect()
+}
+
+/// Checks that the call has the results `outputs` describes, after
+/// `batch_dims`, of type `T` (or its real type).
+fn check_results<T: Elem>(
+    call: &Call<'_>,
+    target: &str,
+    batch_dims: &[usize],
+    outputs: &[Output],
+) -> Result<(), FfiError> {
+    if call.rets.len() != outputs.len() {
+        return Err(FfiError::invalid_argument(format!(
+            "{target} returns {} results, the call has {}",
+            outputs.len(),
+            call.rets.len()
+        )));
+    }
+    for (i, (ret, output)) in call.rets.iter().zip(outputs).enumerate() {
+        let ret = ret.buffer();
+        let want_type = if output.real {
+            <T::Part as Elem>::DTYPE
+        } else {
+            T::DTYPE
+        };
+        let want_dims: Vec<usize> = batch_dims.iter().chain(&output.dims).copied().collect();
+        if ret.dtype() != want_type || dims(ret.dims())? != want_dims {
+            return Err(FfiError::invalid_argument(format!(
+                "{target}: result {i} must be of XLA data type {want_type} with dimensions \
+                 {want_dims:?}, got {} with {:?}",
+                ret.dtype(),
+                ret.dims()
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// `bytes` cut into `count` equal parts (empty ones where it is empty).
+fn chunks(bytes: &[u8], count: usize) -> Vec<&[u8]> {
+    let size = bytes.len().checked_div(count).unwrap_or(0);
+    (0..count)
+        .map(|b| &bytes[b * size..(b + 1) * size])
+        .collect()
+}
+
+fn chunks_mut(bytes: &mut [u8], count: usize) -> Vec<&mut [u8]> {
+    let size = bytes.len().checked_div(count).unwrap_or(0);
+    let mut rest = bytes;
+    let mut out = Vec::with_capacity(count);
+    for _ in 0..count {
+        let (head, tail) = std::mem::take(&mut rest).split_at_mut(size);
+        out.push(head);
+        rest = tail;
+    }
+    out
+}
+
+/// A complex operation costs about four real ones.
+fn element_cost<T: Elem>() -> f64 {
+    if T::DTYPE == dtype::C64 || T::DTYPE == dtype::C128 {
+        4.0
+    } else {
+        1.0
+    }
+}
+
+/// How a batch is computed.
+enum Plan {
+    Serial,
+    EachMatrixInParallel(&'static rayon::ThreadPool),
+    MatricesInParallel(&'static rayon::ThreadPool),
+}
+
+/// Below this many operations in all, threads cost more than they save.
+const SERIAL_WORK: f64 = 4.0e6;
+/// From this many operations in one matrix, faer's parallel code pays.
+const PARALLEL_MATRIX_WORK: f64 = 2.0e7;
+
+/// The plan for `count` matrices of `work` operations each.
+fn plan(count: usize, work: f64) -> Plan {
+    let Some(pool) = pool() else {
+        return Plan::Serial;
+    };
+    if count as f64 * work < SERIAL_WORK {
+        Plan::Serial
+    } else if work >= PARALLEL_MATRIX_WORK || count == 1 {
+        Plan::EachMatrixInParallel(pool)
+    } else {
+        Plan::MatricesInParallel(pool)
+    }
+}
+
+/// The kernels' threads: one per core, made on first use; None on a single
+/// core (or where threads cannot be made), where kernels run serially.
+fn pool() -> Option<&'static rayon::ThreadPool> {
+    static POOL: OnceLock<Option<rayon::ThreadPool>> = OnceLock::new();
+    POOL.get_or_init(|| {
+        let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+        if threads < 2 {
+            return None;
+        }
+        rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .thread_name(|i| format!("exla-linalg-{i}"))
+            .build()
+            .ok()
+    })
+    .as_ref()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn chunks_cut_batches_and_empty_buffers() {
+        let bytes = [1u8, 2, 3, 4, 5, 6];
+        assert_eq!(chunks(&bytes, 3), vec![&[1, 2][..], &[3, 4], &[5, 6]]);
+        assert_eq!(chunks(&[], 2), vec![&[][..], &[]]);
+        let mut empty: [u8; 0] = [];
+        assert_eq!(chunks_mut(&mut empty, 2).len(), 2);
+        assert!(chunks(&bytes, 0).is_empty());
+    }
+
+    #[test]
+    fn small_batches_run_serially() {
+        assert!(matches!(plan(1, 1000.0), Plan::Serial));
+        assert!(matches!(plan(10, 1000.0), Plan::Serial));
+        if pool().is_some() {
+            assert!(matches!(plan(1, 1e9), Plan::EachMatrixInParallel(_)));
+            assert!(matches!(plan(10_000, 1e4), Plan::MatricesInParallel(_)));
+        }
+    }
+
+    #[test]
+    fn results_follow_the_modes() {
+        let dims = |outputs: Vec<Output>| outputs.into_iter().map(|o| o.dims).collect::<Vec<_>>();
+        assert_eq!(dims(Qr::results(5, 3, false).unwrap()), [[5, 3], [3, 3]]);
+        assert_eq!(dims(Qr::results(5, 3, true).unwrap()), [[5, 5], [5, 3]]);
+        let svd = dims(Svd::results(5, 3, true).unwrap());
+        assert_eq!(svd, vec![vec![5, 5], vec![3], vec![3, 3]]);
+        assert!(Cholesky::results(2, 3, ()).is_err());
+    }
+}
