@@ -197,6 +197,7 @@ defmodule EXLA.Client do
   alias EXLA.Client.{Options, WarmUp}
 
   alias EXLA.Platform
+  alias EXLA.Platform.Discovery
 
   @enforce_keys [:ref, :name, :platform, :device_count, :default_device_id]
   defstruct [
@@ -343,8 +344,7 @@ defmodule EXLA.Client do
   """
   @spec get_supported_platforms() :: %{optional(atom()) => pos_integer()}
   def get_supported_platforms do
-    EXLA.Memo.peek({__MODULE__, :supported_platforms}) ||
-      serialize(&supported_serialized/0)
+    Discovery.peek() || serialize(&Discovery.supported/0)
   end
 
   # 128 TiB: the user address space of 64-bit hosts (47 bits).
@@ -470,7 +470,11 @@ defmodule EXLA.Client do
     kind, reason -> {:raise, kind, reason, __STACKTRACE__}
   end
 
-  defp fetch_serialized(name) do
+  @doc false
+  # The client named `name`, created if needed; only ever called one
+  # caller at a time (see `fetch!/1`, and `EXLA.Platform.Discovery`, which
+  # counts a configured client's devices with it).
+  def fetch_serialized(name) do
     EXLA.Memo.get({__MODULE__, :client, name}, fn ->
       options =
         client_config(Application.fetch_env!(:exla, :clients), name) ||
@@ -532,7 +536,11 @@ defmodule EXLA.Client do
     }
   end
 
-  defp create!(platform, path, create_options, xla_options) do
+  @doc false
+  # Creates a client of `platform` on the plugin at `path` and returns its
+  # reference and the plugin's information about it (also how
+  # `EXLA.Platform.Discovery` counts a platform's devices).
+  def create!(platform, path, create_options, xla_options) do
     EXLA.XLAOptions.check_flags!(EXLA.NIF.xla_flags_env(), path)
     plugin = EXLA.Plugin.load!(platform, path)
     ref = plugin |> EXLA.NIF.client_create(create_options, xla_options) |> EXLA.NIF.unwrap!()
@@ -559,80 +567,5 @@ defmodule EXLA.Client do
           "#{path} reports platform #{inspect(platform_name)}"
       )
     end
-  end
-
-  ## Supported platforms
-
-  defp supported_serialized do
-    EXLA.Memo.get({__MODULE__, :supported_platforms}, fn ->
-      clients = Application.fetch_env!(:exla, :clients)
-
-      Enum.reduce(Platform.all(), %{}, fn platform, acc ->
-        case platform_device_count(platform, clients) do
-          nil -> acc
-          count -> Map.put(acc, platform, count)
-        end
-      end)
-    end)
-  end
-
-  defp platform_device_count(:host, clients) do
-    # The first :host client that gives its plugin, by path or by name.
-    plugin =
-      clients
-      |> clients_on(:host)
-      |> Enum.find_value([], fn {_, opts} ->
-        if opts[:plugin] || opts[:cpu_plugin], do: Keyword.take(opts, [:plugin, :cpu_plugin])
-      end)
-
-    if EXLA.Plugin.available?(:host, plugin) do
-      Options.host_device_count([])
-    end
-  end
-
-  # When the platform's plugin is found, a configured client of the platform
-  # is created (it is the one that will be used); without one, a client with
-  # default options is created only to count the devices.
-  defp platform_device_count(platform, clients) do
-    configured = clients_on(clients, platform)
-    plugin = configured_plugin(configured, platform)
-
-    with true <- EXLA.Plugin.may_have_devices?(platform, plugin: plugin),
-         {:ok, path} <- EXLA.Plugin.find(platform, plugin: plugin) do
-      case configured do
-        [{name, _} | _] -> fetch_serialized(name).device_count
-        [] -> probe_device_count(platform, path)
-      end
-    else
-      false -> nil
-      {:error, _} -> nil
-    end
-  rescue
-    e ->
-      Logger.warning(
-        "EXLA found a PJRT plugin for #{inspect(platform)} but cannot use it: " <>
-          Exception.message(e)
-      )
-
-      nil
-  end
-
-  defp probe_device_count(platform, path) do
-    options = Options.validate!(platform, platform: platform, preallocate: false)
-    {_ref, info} = create!(platform, path, Options.create_options(options), [])
-    if info.devices != [], do: length(info.devices)
-  end
-
-  # The plugin that the first of `configured` clients naming one names.
-  defp configured_plugin(configured, platform) do
-    option = Platform.plugin_option(platform)
-    Enum.find_value(configured, fn {_, opts} -> opts[option] end)
-  end
-
-  defp clients_on(clients, platform) do
-    for {name, options} <- clients,
-        Keyword.keyword?(options),
-        Keyword.get(options, :platform, :host) == platform,
-        do: {name, options}
   end
 end
