@@ -258,34 +258,13 @@ defmodule EXLA.Client do
 
       :error ->
         EXLA.Memo.get({__MODULE__, :default_name}, fn ->
-          choose_default(
+          Discovery.choose_default(
             Application.fetch_env!(:exla, :clients),
             Application.fetch_env!(:exla, :preferred_clients),
             get_supported_platforms()
           )
         end)
     end
-  end
-
-  @doc false
-  # The default among `preferred` clients, given the supported platforms.
-  def choose_default(clients, preferred, supported) do
-    Enum.find(preferred, fn name ->
-      options =
-        client_config(clients, name) ||
-          raise ArgumentError, "unknown client #{inspect(name)} given as :preferred_clients"
-
-      Map.has_key?(supported, Keyword.get(options, :platform, :host))
-    end) ||
-      raise RuntimeError,
-            "could not find a default client for EXLA: none of the :preferred_clients " <>
-              "#{inspect(preferred)} runs on a supported platform " <>
-              "(supported: #{inspect(Map.keys(supported))}). The configured EXLA clients " <>
-              "are: #{inspect(clients)}. The :host platform needs the CPU plugin, which " <>
-              "EXLA installs with python3 and pip, or which you point " <>
-              "EXLA_PJRT_PLUGIN_HOST at; a GPU needs its plugin (for CUDA: " <>
-              ~s|`pip install "jax[cuda13]"`, or point EXLA_PJRT_PLUGIN_CUDA at it). | <>
-              "See EXLA.Plugin"
   end
 
   @doc false
@@ -347,14 +326,6 @@ defmodule EXLA.Client do
     Discovery.peek() || serialize(&Discovery.supported/0)
   end
 
-  # 128 TiB: the user address space of 64-bit hosts (47 bits).
-  @address_space_bytes 2 ** 47
-
-  @doc false
-  # The limit on a tensor's bytes where nothing smaller is known (also
-  # EXLA.Defn.Lowering's default).
-  def address_space_bytes, do: @address_space_bytes
-
   @doc """
   The most bytes one tensor may take on `client`; programs with a larger
   tensor are refused before they are compiled.
@@ -365,20 +336,8 @@ defmodule EXLA.Client do
   known, it is 128 TiB, the address space of 64-bit hosts.
   """
   @spec max_tensor_bytes(t()) :: pos_integer()
-  def max_tensor_bytes(%__MODULE__{platform: :host}) do
-    EXLA.Memo.get({__MODULE__, :host_memory}, &host_memory/0)
-  end
-
-  def max_tensor_bytes(%__MODULE__{}), do: @address_space_bytes
-
-  defp host_memory do
-    with {:ok, info} <- File.read("/proc/meminfo"),
-         [_, kib] <- Regex.run(~r/^MemTotal:\s+(\d+) kB/m, info) do
-      String.to_integer(kib) * 1024
-    else
-      _ -> @address_space_bytes
-    end
-  end
+  def max_tensor_bytes(%__MODULE__{platform: platform}),
+    do: Discovery.max_tensor_bytes(platform)
 
   @doc """
   Returns the memory statistics of `client` (a client or its name).

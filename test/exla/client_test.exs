@@ -6,6 +6,7 @@ defmodule EXLA.ClientTest do
 
   alias EXLA.Client
   alias EXLA.Client.Options
+  alias EXLA.Platform.Discovery
 
   doctest EXLA.Client
 
@@ -181,19 +182,19 @@ defmodule EXLA.ClientTest do
       ]
 
       preferred = [:cuda, :rocm, :tpu, :host]
-      assert Client.choose_default(clients, preferred, %{host: 1}) == :host
-      assert Client.choose_default(clients, preferred, %{host: 1, rocm: 2}) == :rocm
-      assert Client.choose_default(clients, preferred, %{host: 1, cuda: 1, tpu: 4}) == :cuda
+      assert Discovery.choose_default(clients, preferred, %{host: 1}) == :host
+      assert Discovery.choose_default(clients, preferred, %{host: 1, rocm: 2}) == :rocm
+      assert Discovery.choose_default(clients, preferred, %{host: 1, cuda: 1, tpu: 4}) == :cuda
       # a client without :platform is on the host
-      assert Client.choose_default(clients, [:other, :host], %{host: 1}) == :other
+      assert Discovery.choose_default(clients, [:other, :host], %{host: 1}) == :other
 
       assert_raise ArgumentError, "unknown client :nope given as :preferred_clients", fn ->
-        Client.choose_default(clients, [:nope, :host], %{host: 1})
+        Discovery.choose_default(clients, [:nope, :host], %{host: 1})
       end
 
       error =
         assert_raise RuntimeError, ~r/could not find a default client for EXLA/, fn ->
-          Client.choose_default(clients, [:cuda, :tpu], %{host: 1})
+          Discovery.choose_default(clients, [:cuda, :tpu], %{host: 1})
         end
 
       # it says how to provide a plugin
@@ -422,7 +423,11 @@ defmodule EXLA.ClientTest do
         assert platforms[:pjrt_plugin] == Client.fetch!(name).device_count
         assert platforms[:host] == previous[:host]
 
-        assert Client.choose_default(Application.fetch_env!(:exla, :clients), [name], platforms) ==
+        assert Discovery.choose_default(
+                 Application.fetch_env!(:exla, :clients),
+                 [name],
+                 platforms
+               ) ==
                  name
       after
         :persistent_term.put(key, previous)

@@ -93,4 +93,62 @@ defmodule EXLA.Platform.Discovery do
         Keyword.get(options, :platform, :host) == platform,
         do: {name, options}
   end
+
+  @doc """
+  The default client among `preferred`, the names of `clients` (the
+  `:clients` configuration), given the `supported` platforms: the first
+  whose platform is supported (see `EXLA.Client.default_name/0`).
+  """
+  def choose_default(clients, preferred, supported) do
+    Enum.find(preferred, fn name ->
+      options =
+        case List.keyfind(clients, name, 0) do
+          {^name, options} ->
+            options
+
+          nil ->
+            raise ArgumentError, "unknown client #{inspect(name)} given as :preferred_clients"
+        end
+
+      Map.has_key?(supported, Keyword.get(options, :platform, :host))
+    end) ||
+      raise RuntimeError,
+            "could not find a default client for EXLA: none of the :preferred_clients " <>
+              "#{inspect(preferred)} runs on a supported platform " <>
+              "(supported: #{inspect(Map.keys(supported))}). The configured EXLA clients " <>
+              "are: #{inspect(clients)}. The :host platform needs the CPU plugin, which " <>
+              "EXLA installs with python3 and pip, or which you point " <>
+              "EXLA_PJRT_PLUGIN_HOST at; a GPU needs its plugin (for CUDA: " <>
+              ~s|`pip install "jax[cuda13]"`, or point EXLA_PJRT_PLUGIN_CUDA at it). | <>
+              "See EXLA.Plugin"
+  end
+
+  # 128 TiB: the user address space of 64-bit hosts (47 bits).
+  @address_space_bytes 2 ** 47
+
+  @doc """
+  The limit on a tensor's bytes where nothing smaller is known (also
+  EXLA.Defn.Lowering's default).
+  """
+  def address_space_bytes, do: @address_space_bytes
+
+  @doc """
+  The most bytes one tensor may take on a client of `platform` (see
+  `EXLA.Client.max_tensor_bytes/1`): the host's physical memory for
+  `:host`, else the address space.
+  """
+  def max_tensor_bytes(:host) do
+    EXLA.Memo.get({__MODULE__, :host_memory}, &host_memory/0)
+  end
+
+  def max_tensor_bytes(_platform), do: @address_space_bytes
+
+  defp host_memory do
+    with {:ok, info} <- File.read("/proc/meminfo"),
+         [_, kib] <- Regex.run(~r/^MemTotal:\s+(\d+) kB/m, info) do
+      String.to_integer(kib) * 1024
+    else
+      _ -> @address_space_bytes
+    end
+  end
 end
