@@ -8,7 +8,7 @@ defmodule EXLA.Application do
       # First: it logs what the native code reports from then on.
       EXLA.NativeLog,
       {EXLA.Client, []},
-      EXLA.Defn.LockedCache,
+      EXLA.LockedCache,
       EXLA.CompileCache.Memory,
       {Task, &preload_code/0}
     ]

@@ -401,7 +401,7 @@ defmodule EXLA.Executable do
       end
     end
 
-    {_hit_or_miss, local} = EXLA.Defn.LockedCache.run({__MODULE__, :remote, ref}, load, :bounded)
+    {_hit_or_miss, local} = EXLA.LockedCache.run({__MODULE__, :remote, ref}, load, :bounded)
     local
   end
 

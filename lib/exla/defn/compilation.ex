@@ -14,14 +14,15 @@ defmodule EXLA.Defn.Compilation do
   # The cache key is the function's key (given by `Nx.Defn`), the type,
   # shape, names and vectorized axes of every argument, and the options
   # (which include the client and device). Caches are
-  # `EXLA.Defn.LockedCache`: concurrent callers of the same key wait for one
+  # `EXLA.LockedCache`: concurrent callers of the same key wait for one
   # compilation. Running a compiled function is `EXLA.Defn.Call`'s business.
 
   require Logger
 
   alias Nx.Tensor, as: T
   alias Nx.Defn.Composite
-  alias EXLA.Defn.{Call, Compiled, LockedCache}
+  alias EXLA.Defn.{Call, Compiled}
+  alias EXLA.LockedCache
 
   ## Compilation for EXLA.Backend
 

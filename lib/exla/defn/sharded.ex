@@ -18,7 +18,7 @@ defmodule EXLA.Defn.Sharded do
   @behaviour Nx.Defn.Compiler
 
   alias Nx.Defn.Composite
-  alias EXLA.Defn.LockedCache
+  alias EXLA.LockedCache
   alias EXLA.{Executable, Sharding}
 
   @enforce_keys [:exe, :mesh, :params, :shardings, :part_shapes, :output]
