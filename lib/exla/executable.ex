@@ -241,7 +241,7 @@ defmodule EXLA.Executable do
   end
 
   def run(%__MODULE__{ref: ref} = executable, inputs, opts) when not Remote.local?(ref),
-    do: executable |> local!() |> run(inputs, opts)
+    do: executable |> Remote.local_executable!() |> run(inputs, opts)
 
   def run(%__MODULE__{devices: devices} = executable, lists, opts)
       when is_list(lists) and length(lists) == length(devices) and length(devices) > 1 do
@@ -382,48 +382,4 @@ defmodule EXLA.Executable do
   naming its file).
   """
   defdelegate load_binary(client, binary, expected \\ %{}), to: Serialized
-
-  @doc false
-  # The executable itself, or this node's copy of another node's.
-  def local!(%__MODULE__{ref: ref} = executable) when Remote.local?(ref), do: executable
-  def local!(%__MODULE__{} = executable), do: load_remote!(executable)
-
-  @doc false
-  # This node's copy of an executable made on another node (see
-  # "Executables of other nodes"): loaded once, and kept under the owner's
-  # reference with the programs of EXLA.Backend (bounded). Raises when it
-  # cannot be loaded.
-  def load_remote!(%__MODULE__{ref: ref} = executable) do
-    load = fn ->
-      case load_remote(executable) do
-        {:ok, local} -> local
-        {:error, message} -> raise ArgumentError, message
-      end
-    end
-
-    {_hit_or_miss, local} = EXLA.LockedCache.run({__MODULE__, :remote, ref}, load, :bounded)
-    local
-  end
-
-  @doc false
-  # Loads an executable of another node from the sealed form its owner
-  # serializes: `{:ok, executable}`, or `{:error, message}` when the owner
-  # cannot be reached, has freed it, or this node's plugin differs.
-  def load_remote(%__MODULE__{ref: ref, client: client} = executable) do
-    owner = node(ref)
-    client = EXLA.Client.local(client)
-
-    with {:ok, sealed} <- serialize_on_owner(executable),
-         {:error, :other_plugin} <- Serialized.load_sealed(client, sealed) do
-      {:error,
-       "the executable was compiled on node #{inspect(owner)} by another PJRT plugin than " <>
-         "the one of client #{inspect(client.name)} on #{inspect(node())}"}
-    end
-  end
-
-  defp serialize_on_owner(executable) do
-    {:ok, serialize(executable)}
-  rescue
-    e in RuntimeError -> {:error, Exception.message(e)}
-  end
 end

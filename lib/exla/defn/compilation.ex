@@ -92,7 +92,7 @@ defmodule EXLA.Defn.Compilation do
     with true <- opts[:cache] != false,
          [_ | _] = nodes <- origins(key),
          %Compiled{exe: exe} = compiled <- cached_on(nodes, cache_key, opts),
-         {:ok, local} <- EXLA.Executable.load_remote(exe) do
+         {:ok, local} <- EXLA.Remote.load_executable(exe) do
       if compiled.callbacks, do: EXLA.HostCallback.install!(local.client)
       if opts[:debug], do: Logger.debug("EXLA loaded #{inspect(key)} from #{node(exe.ref)}")
       %{compiled | exe: local, client: local.client}
@@ -419,7 +419,7 @@ defmodule EXLA.Defn.Compilation do
 
   def here(%Compiled{exe: exe} = compiled, {key, vars, fun, opts}) do
     localize = fn ->
-      case EXLA.Executable.load_remote(exe) do
+      case EXLA.Remote.load_executable(exe) do
         {:ok, local} ->
           if compiled.callbacks, do: EXLA.HostCallback.install!(local.client)
 
