@@ -14,7 +14,7 @@ defmodule EXLA.Application do
     ]
 
     # Owned by the application's process: it lives as long as EXLA.
-    EXLA.Recompilation.create_table()
+    EXLA.Defn.Recompilation.create_table()
 
     # The end of a script (mix run, elixir, mix test) waits too.
     System.at_exit(fn _status -> await_native_work() end)

@@ -9,7 +9,7 @@ defmodule EXLA.Defn.Compilation do
   # The result is an `EXLA.Defn.Compiled` struct holding the executable, the
   # shapes of the inputs, the output templates and a function that turns the
   # output buffers into the result container. Compilation emits the
-  # telemetry events (see EXLA.CompileReport).
+  # telemetry events (see EXLA.Defn.CompileReport).
   #
   # The cache key is the function's key (given by `Nx.Defn`), the type,
   # shape, names and vectorized axes of every argument, and the options
@@ -147,7 +147,7 @@ defmodule EXLA.Defn.Compilation do
   # evaluates `fun` on `vars` to an expression, gives it to `compile`
   # (which returns `{compiled, disk_cache}`, see EXLA.CompileCache.compile/4),
   # logs the evaluation with `debug: true` and reports the compilation
-  # (EXLA.CompileReport). Returns what `compile` compiled.
+  # (EXLA.Defn.CompileReport). Returns what `compile` compiled.
   def compilation(key, vars, fun, opts, compile) do
     {eval_time, expr} = :timer.tc(fn -> fun.(vars) end)
 
@@ -159,7 +159,7 @@ defmodule EXLA.Defn.Compilation do
       :timer.tc(fn -> EXLA.CompileTimer.collect(fn -> compile.(expr) end) end)
 
     timing = %{eval_time: eval_time, compile_time: compile_time, stages: stages}
-    EXLA.CompileReport.compiled(key, vars, expr, opts, timing, disk_cache)
+    EXLA.Defn.CompileReport.compiled(key, vars, expr, opts, timing, disk_cache)
 
     compiled
   end
