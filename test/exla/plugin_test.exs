@@ -569,6 +569,33 @@ defmodule EXLA.PluginTest do
         assert String.starts_with?(Plugin.cpu_plugin_path(), dir)
       end)
     end
+
+    test "its layout is EXLA.CacheDir's, the NIF compiler's folder included", %{tmp_dir: dir} do
+      for value <- [nil, dir] do
+        with_env("EXLA_CACHE_DIR", value, fn ->
+          root = EXLA.CacheDir.root()
+          assert Plugin.cache_dir() == root
+          assert Mix.Tasks.Compile.ExlaNative.cache_dir() == EXLA.CacheDir.folder(:nif)
+          assert compile_cache_default() == Path.join(root, "compiled")
+
+          assert Path.dirname(Path.dirname(Plugin.cpu_plugin_path())) ==
+                   Path.join(root, "plugins")
+        end)
+      end
+    end
+  end
+
+  # The compile cache's directory when `config :exla, :cache_dir` is unset
+  # (the tests set it).
+  defp compile_cache_default do
+    configured = Application.fetch_env!(:exla, :cache_dir)
+    Application.delete_env(:exla, :cache_dir)
+
+    try do
+      EXLA.CompileCache.Config.dir()
+    after
+      Application.put_env(:exla, :cache_dir, configured)
+    end
   end
 
   describe "available?/2 for :host" do
