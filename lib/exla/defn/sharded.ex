@@ -379,7 +379,7 @@ defmodule EXLA.Defn.Sharded do
   # partitioner does not place callbacks (upstream EXLA refuses them too).
   # Without this, hooks were dropped and runtime calls failed obscurely.
   defp no_host_calls!(expr, opts) do
-    if EXLA.Defn.Lowering.HostCalls.active?(expr, opts[:hooks] || %{}) do
+    if EXLA.Defn.Lowering.Hooks.active?(expr, opts[:hooks] || %{}) do
       raise ArgumentError,
             "shard_jit does not support host callbacks in the function it shards: " <>
               "hooks, print_value and runtime calls run on the host and cannot be " <>
