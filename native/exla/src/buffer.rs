@@ -126,27 +126,19 @@ fn place(
     Ok(BufferResource::new(buffer, &client.ledger))
 }
 
-/// For small binaries: the copy is short enough for a normal scheduler.
-#[rustler::nif]
-fn buffer_from_binary(
-    client: ResourceArc<ClientResource>,
-    data: Binary,
-    type_code: i32,
-    dims: Vec<i64>,
-    device: usize,
-) -> NifResult<ResourceArc<BufferResource>> {
-    place(client, data, type_code, dims, device)
-}
-
-#[rustler::nif(schedule = "DirtyIo")]
-fn buffer_from_binary_dirty(
-    client: ResourceArc<ClientResource>,
-    data: Binary,
-    type_code: i32,
-    dims: Vec<i64>,
-    device: usize,
-) -> NifResult<ResourceArc<BufferResource>> {
-    place(client, data, type_code, dims, device)
+scheduler_variants! {
+    /// For small binaries: the copy is short enough for a normal scheduler.
+    fn buffer_from_binary;
+    /// For larger ones, which copy at page-fault speed.
+    dirty "DirtyIo" fn buffer_from_binary_dirty(
+        client: ResourceArc<ClientResource>,
+        data: Binary,
+        type_code: i32,
+        dims: Vec<i64>,
+        device: usize,
+    ) -> NifResult<ResourceArc<BufferResource>> {
+        place(client, data, type_code, dims, device)
+    }
 }
 
 fn read_size(buffer: &pjrt::Buffer, limit: i64) -> NifResult<usize> {

@@ -9,6 +9,9 @@
 //! (`EXLA.DeviceBuffer` by a transfer's size, `EXLA.Executable` by the
 //! program).
 
+#[macro_use]
+mod schedule;
+
 mod buffer;
 mod callback;
 mod client;
