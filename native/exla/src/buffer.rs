@@ -6,7 +6,6 @@ use rustler::{Atom, Binary, Env, OwnedBinary, ResourceArc};
 
 use crate::client::ClientResource;
 use crate::error::{Error, NifResult};
-use crate::ipc::Export;
 use crate::memory::{Entry, Ledger};
 use crate::pool::{OffThread, SlowToDrop};
 
@@ -15,9 +14,9 @@ use crate::pool::{OffThread, SlowToDrop};
 pub struct BufferResource {
     pub handle: OffThread<pjrt::Buffer>,
     memory: Entry,
-    /// Shared memory objects exported from this buffer (`ipc`), unlinked
-    /// when it is freed.
-    exports: Mutex<Vec<Export>>,
+    /// What lives until the buffer's memory is freed: the shared memory
+    /// objects exported from it (`ipc`), unlinked when dropped.
+    attached: Mutex<Vec<Box<dyn Send>>>,
     /// A view of memory the process may only read: never donated.
     pub read_only: bool,
 }
@@ -56,24 +55,25 @@ impl BufferResource {
         ResourceArc::new(BufferResource {
             handle: OffThread::new(buffer),
             memory: entry,
-            exports: Mutex::new(Vec::new()),
+            attached: Mutex::new(Vec::new()),
             read_only,
         })
     }
 
-    /// Keeps a shared memory object exported from this buffer until it is
-    /// freed; unlinks it at once if the buffer is freed already.
-    pub fn keep_export(&self, export: Export) -> NifResult<()> {
-        let mut exports = self.exports.lock().unwrap_or_else(|e| e.into_inner());
-        // Under the lock, so a concurrent `give_up` either sees this export
+    /// Keeps `value` (a shared memory object exported from this buffer)
+    /// until the buffer is freed; drops it at once if the buffer is freed
+    /// already.
+    pub fn keep_until_freed(&self, value: Box<dyn Send>) -> NifResult<()> {
+        let mut attached = self.attached.lock().unwrap_or_else(|e| e.into_inner());
+        // Under the lock, so a concurrent `give_up` either sees this value
         // or has already made the buffer read as deleted.
         self.handle.ensure_live()?;
-        exports.push(export);
+        attached.push(value);
         Ok(())
     }
 
-    fn unlink_exports(&self) {
-        self.exports
+    fn drop_attached(&self) {
+        self.attached
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .clear();
@@ -85,7 +85,7 @@ impl BufferResource {
     pub fn give_up(&self) -> NifResult<bool> {
         let deleted = self.handle.delete()?;
         self.memory.release();
-        self.unlink_exports();
+        self.drop_attached();
         Ok(deleted)
     }
 
@@ -95,7 +95,7 @@ impl BufferResource {
         let deleted = self.handle.try_delete()?;
         if deleted.is_some() {
             self.memory.release();
-            self.unlink_exports();
+            self.drop_attached();
         }
         Ok(deleted)
     }
