@@ -1,5 +1,6 @@
 //! Device buffers: transfers in and out, copies, deletion.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use rustler::{Atom, Binary, Env, OwnedBinary, ResourceArc};
@@ -23,14 +24,21 @@ pub struct BufferResource {
 
 /// Buffers from this size on are destroyed on the drop thread. Freeing a
 /// block the C heap mapped (above 32 MiB on the host) unmaps it: about
-/// 50 µs per MiB. Smaller ones free in about a microsecond.
-const SLOW_DROP_BYTES: usize = 1 << 20;
+/// 50 µs per MiB. Smaller ones free in about a microsecond. The size is
+/// `EXLA.Placement`'s, which also sends the deletion of such buffers to a
+/// dirty scheduler: the NIF gets it when it loads (`set_large_bytes`).
+static LARGE_BYTES: AtomicUsize = AtomicUsize::new(usize::MAX);
+
+/// Sets the size from which buffers are large (see `LARGE_BYTES`).
+pub fn set_large_bytes(bytes: usize) {
+    LARGE_BYTES.store(bytes, Ordering::Relaxed);
+}
 
 impl SlowToDrop for pjrt::Buffer {
     fn slow_to_drop(&self) -> bool {
         self.shape()
             .byte_size()
-            .is_ok_and(|size| size >= SLOW_DROP_BYTES)
+            .is_ok_and(|size| size >= LARGE_BYTES.load(Ordering::Relaxed))
     }
 }
 
