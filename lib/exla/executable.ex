@@ -4,17 +4,18 @@ defmodule EXLA.Executable do
 
   Programs are StableHLO MLIR text whose entry point is `@main`. Every run
   checks its arguments against the parameter shapes, since the plugins do
-  not. Hand-written programs are checked before they are compiled (see
-  `EXLA.MLIR.Check`): tensors that do not fit the client, over-long FFTs,
-  recursive calls and infeed, outfeed, send or recv raise `ArgumentError`.
+  not. Hand-written programs are checked before they are compiled:
+  tensors that do not fit the client (see `EXLA.Client.max_tensor_bytes/1`),
+  over-long FFTs, recursive calls and infeed, outfeed, send or recv raise
+  `ArgumentError`.
 
   ## Where programs run
 
   No program runs long on a normal scheduler of the VM. Each executable
-  keeps the facts known about its program (`EXLA.MLIR.Facts`: the ops that
-  may run for unbounded time, its largest tensor, the elements its ops
-  touch) and `EXLA.Placement` decides from them where its runs happen
-  (`:run_on`): on the calling process's scheduler for small straight-line
+  keeps the facts known about its program (the ops that may run for
+  unbounded time, its largest tensor, the elements its ops touch) and
+  EXLA's placement policy decides from them where its runs happen
+  (`:run_on`; the README's "Where native calls run"): on the calling process's scheduler for small straight-line
   programs, on a dirty CPU scheduler for larger ones, and on a native
   thread of EXLA, replying by message, for programs with loops, host
   callbacks or collectives and for programs of several devices. A loaded
@@ -71,11 +72,11 @@ defmodule EXLA.Executable do
   ]
 
   @doc """
-  Compiles a program on `client`: StableHLO MLIR text, or the
-  `EXLA.MLIR.Program` of EXLA's own lowering.
+  Compiles a program on `client`: StableHLO MLIR text, or the program
+  struct of EXLA's own lowering (internal).
 
   The parameter shapes and the facts that place its runs are read from
-  hand-written text, and the text is checked (see `EXLA.MLIR.Check`),
+  hand-written text, and the text is checked (see the module's docs),
   before the plugin sees it. A program of EXLA's lowering carries them
   (its lowering checks its sizes and emits no feeds or calls): its text is
   neither read nor checked, and the plugin is not asked for its output
@@ -307,7 +308,7 @@ defmodule EXLA.Executable do
   @doc """
   Serializes the executable into a binary for `deserialize/2`.
 
-  The binary carries a checksum of all of it (see `EXLA.Executable.Sealed`):
+  The binary carries a checksum of all of it (a SHA-256 of every byte):
   a damaged binary raises when it is loaded instead of running garbage. It
   also records what the executable was compiled for (see `load_binary/3`): plugins
   can load each other's executables and silently compute wrong results,
@@ -369,7 +370,7 @@ defmodule EXLA.Executable do
   `{:ok, executable, metadata}` or `{:error, message}`; never raises.
 
   Nothing reaches the plugin unless the binary's checksum matches (see
-  `EXLA.Executable.Sealed`) and it was made for the same target as the
+  `serialize/1`) and it was made for the same target as the
   client's: the same plugin file (by its sha256, see
   `EXLA.Plugin.fingerprint/1`) and PJRT API version, the same platform and
   kind of device, and for the CPU, the same CPU features. `metadata` is
