@@ -212,6 +212,22 @@ defmodule EXLA.Executable do
             "with #{client.device_count} device(s)"
   end
 
+  # A run does, in order:
+  #
+  #   1. an executable of another node is replaced by this node's copy
+  #      (`EXLA.Remote.local_executable!/1`, loaded once);
+  #   2. checks the options (`:donate`; none on the per-call path);
+  #   3. turns each argument into a native buffer of the run's device
+  #      (`argument_refs/3`): a buffer there as it is, another EXLA
+  #      buffer copied, a `{binary, shape}` pair placed;
+  #   4. calls the NIF that `:run_on` names (`run_native/3`): on this
+  #      scheduler, on a dirty one, or on a native thread while the caller
+  #      waits in `receive`; a run on several devices always takes a thread;
+  #   5. wraps each output in an `EXLA.DeviceBuffer` of its shape.
+  #
+  # The NIF checks the arguments' count, types, shapes and devices before
+  # the plugin sees them.
+
   @doc """
   Runs the executable and returns its outputs as `[[%EXLA.DeviceBuffer{}]]`:
   one list of outputs per device it runs on.
