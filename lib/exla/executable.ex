@@ -54,8 +54,8 @@ defmodule EXLA.Executable do
 
   require EXLA.Remote, as: Remote
   alias EXLA.{DeviceBuffer, NIF, Placement, Shape}
-  alias EXLA.Executable.Serialized
-  alias EXLA.MLIR.{Facts, Program}
+  alias EXLA.Executable.{Options, Serialized}
+  alias EXLA.MLIR.Program
 
   @enforce_keys [:ref, :client, :device_id, :input_shapes, :output_shapes, :facts]
   defstruct [
@@ -116,22 +116,9 @@ defmodule EXLA.Executable do
 
   def compile(client, %Program{} = program, opts) do
     client = EXLA.Client.local(client)
-    {internal, opts} = Keyword.split(opts, [:input_shapes, :run_on])
-
-    opts =
-      Keyword.validate!(opts,
-        device_id: client.default_device_id,
-        num_replicas: 1,
-        num_partitions: 1,
-        partitioner: :gspmd
-      )
-
-    replicas = positive!(opts, :num_replicas)
-    partitions = positive!(opts, :num_partitions)
-    shardy? = partitioner!(opts[:partitioner]) == :shardy
-    device_id = device_id!(client, opts[:device_id])
-    input_shapes = internal[:input_shapes] || program.input_shapes
-    specs = Enum.map(input_shapes, &Shape.to_spec/1)
+    o = Options.compile!(client, program, opts)
+    specs = Enum.map(o.input_shapes, &Shape.to_spec/1)
+    {replicas, partitions} = {o.num_replicas, o.num_partitions}
 
     ref =
       NIF.async!(
@@ -139,37 +126,25 @@ defmodule EXLA.Executable do
           client.ref,
           program.text,
           specs,
-          device_id,
+          o.device_id,
           replicas,
           partitions,
-          shardy?,
+          o.shardy?,
           &1
         )
       )
 
-    facts =
-      if internal[:run_on] == :thread,
-        do: Facts.add_unbounded(program.facts, "declared"),
-        else: program.facts
-
     %__MODULE__{
       ref: ref,
       client: client,
-      device_id: device_id,
-      input_shapes: input_shapes,
+      device_id: o.device_id,
+      input_shapes: o.input_shapes,
       output_shapes: program.output_shapes || plugin_output_shapes(ref),
-      facts: facts,
+      facts: o.facts,
       num_replicas: replicas,
       num_partitions: partitions
     }
     |> place()
-  end
-
-  defp partitioner!(partitioner) when partitioner in [:gspmd, :shardy], do: partitioner
-
-  defp partitioner!(other) do
-    raise ArgumentError,
-          "expected :partitioner to be :gspmd or :shardy, got: #{inspect(other)}"
   end
 
   defp plugin_output_shapes(ref) do
@@ -191,25 +166,6 @@ defmodule EXLA.Executable do
       | devices: devices,
         run_on: Placement.run_on(executable.facts, length(devices))
     }
-  end
-
-  defp positive!(opts, key) do
-    case opts[key] do
-      n when is_integer(n) and n >= 1 ->
-        n
-
-      other ->
-        raise ArgumentError, "#{inspect(key)} must be a positive integer, got: #{inspect(other)}"
-    end
-  end
-
-  defp device_id!(client, id) when is_integer(id) and id >= 0 and id < client.device_count,
-    do: id
-
-  defp device_id!(client, id) do
-    raise ArgumentError,
-          "invalid device id #{inspect(id)} for client #{inspect(client.name)} " <>
-            "with #{client.device_count} device(s)"
   end
 
   # A run does, in order:
