@@ -54,11 +54,7 @@ defmodule EXLA.Defn.Sharding do
   axes (see above).
   """
   def sharding!(sharding, dims, mesh, index) do
-    unless is_map(sharding) do
-      raise ArgumentError,
-            "expected the sharding of input #{index} to be a map of tensor axes to mesh " <>
-              "axes, got: #{inspect(sharding)}"
-    end
+    map!(sharding, index, "mesh axes")
 
     Enum.each(sharding, fn {axis, mesh_axis} ->
       valid? =
@@ -179,11 +175,7 @@ defmodule EXLA.Defn.Sharding do
   to lists of mesh axes. Returns one list of mesh axes per axis of `t`.
   """
   def mesh_sharding!(sharding, t, shape, index) do
-    unless is_map(sharding) do
-      raise ArgumentError,
-            "expected the sharding of input #{index} to be a map of tensor axes to lists " <>
-              "of mesh axes, got: #{inspect(sharding)}"
-    end
+    map!(sharding, index, "lists of mesh axes")
 
     by_axis =
       Enum.reduce(sharding, %{}, fn {axis, mesh_axes}, acc ->
@@ -201,6 +193,15 @@ defmodule EXLA.Defn.Sharding do
     by_axis |> Map.values() |> List.flatten() |> once_each!(sharding, index)
 
     for i <- 0..(tuple_size(t.shape) - 1)//1, do: Map.get(by_axis, i, [])
+  end
+
+  # Either form's sharding is a map of tensor axes to `values`.
+  defp map!(sharding, _index, _values) when is_map(sharding), do: :ok
+
+  defp map!(sharding, index, values) do
+    raise ArgumentError,
+          "expected the sharding of input #{index} to be a map of tensor axes to #{values}, " <>
+            "got: #{inspect(sharding)}"
   end
 
   # A mesh axis splits at most one tensor axis of an input.

@@ -120,20 +120,6 @@ pub fn shape(type_code: i32, dims: Vec<i64>) -> NifResult<pjrt::Shape> {
     )?)
 }
 
-fn place(
-    client: ResourceArc<ClientResource>,
-    data: Binary,
-    type_code: i32,
-    dims: Vec<i64>,
-    device: usize,
-) -> NifResult<ResourceArc<BufferResource>> {
-    let shape = shape(type_code, dims)?;
-    let buffer = client
-        .handle
-        .buffer_from_host(data.as_slice(), &shape, device)?;
-    Ok(BufferResource::new(buffer, &client.ledger))
-}
-
 scheduler_variants! {
     /// For small binaries: the copy is short enough for a normal scheduler.
     fn buffer_from_binary;
@@ -145,7 +131,11 @@ scheduler_variants! {
         dims: Vec<i64>,
         device: usize,
     ) -> NifResult<ResourceArc<BufferResource>> {
-        place(client, data, type_code, dims, device)
+        let shape = shape(type_code, dims)?;
+        let buffer = client
+            .handle
+            .buffer_from_host(data.as_slice(), &shape, device)?;
+        Ok(BufferResource::new(buffer, &client.ledger))
     }
 }
 

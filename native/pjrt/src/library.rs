@@ -437,7 +437,10 @@ mod tests {
         assert_eq!(load_global("libc.so.6"), Ok(()));
         let err = load_global("libexla-no-such-library.so.1").unwrap_err();
         assert!(matches!(err, crate::Error::LibraryLoad { .. }), "{err:?}");
-        assert!(err.to_string().contains("libexla-no-such-library.so.1"), "{err}");
+        assert!(
+            err.to_string().contains("libexla-no-such-library.so.1"),
+            "{err}"
+        );
         let err = load_global(temp("empty-global.so", b"").to_str().unwrap()).unwrap_err();
         assert!(err.to_string().contains("too few"), "{err}");
     }
