@@ -144,24 +144,33 @@ defmodule EXLA.ShardJitTest do
   end
 
   test "the Shardy annotations of an Nx.Mesh" do
-    assert EXLA.Sharding.sdy_mesh("mesh", {2, 1}) ==
+    assert EXLA.Defn.Sharding.sdy_mesh("mesh", {2, 1}) ==
              ~s(sdy.mesh @mesh = <["axis_0"=2, "axis_1"=1]>)
 
-    assert EXLA.Sharding.sdy_mesh("3d mesh", {2}) == ~s(sdy.mesh @"3d mesh" = <["axis_0"=2]>)
-    assert EXLA.Sharding.sdy_mesh(~s(a"b\\c\n), {2}) =~ ~S(@"a\"b\\c\0A")
+    assert EXLA.Defn.Sharding.sdy_mesh("3d mesh", {2}) == ~s(sdy.mesh @"3d mesh" = <["axis_0"=2]>)
+    assert EXLA.Defn.Sharding.sdy_mesh(~s(a"b\\c\n), {2}) =~ ~S(@"a\"b\\c\0A")
 
-    assert EXLA.Sharding.sdy_sharding("m", [[1, 0], [], [2]]) ==
+    assert EXLA.Defn.Sharding.sdy_sharding("m", [[1, 0], [], [2]]) ==
              ~s(#sdy.sharding<@m, [{"axis_1", "axis_0"}, {}, {"axis_2"}]>)
   end
 
   test "the annotations of a mesh" do
-    assert EXLA.Sharding.annotation(%{}, 2, {2}) == "{replicated}"
-    assert EXLA.Sharding.annotation(%{0 => 0}, 2, {2}) == "{devices=[2,1]0,1}"
-    assert EXLA.Sharding.annotation(%{1 => 0}, 2, {4}) == "{devices=[1,4]0,1,2,3}"
-    assert EXLA.Sharding.annotation(%{0 => 1, 1 => 0}, 2, {2, 2}) == "{devices=[2,2]0,2,1,3}"
+    # A tuple mesh's sharding as dim axes (EXLA.Defn.Sharding.sharding!/4).
+    annotation = fn sharding, dims, mesh ->
+      sharding
+      |> EXLA.Defn.Sharding.sharding!(dims, mesh, 0)
+      |> EXLA.Defn.Sharding.annotation(mesh)
+    end
 
-    assert EXLA.Sharding.annotation(%{0 => 1}, 1, {2, 2}) ==
-             "{devices=[2,2]0,2,1,3 last_tile_dim_replicate}"
+    assert annotation.(%{}, {2, 2}, {2}) == "{replicated}"
+    assert annotation.(%{0 => 0}, {2, 2}, {2}) == "{devices=[2,1]0,1}"
+    assert annotation.(%{1 => 0}, {4, 4}, {4}) == "{devices=[1,4]0,1,2,3}"
+    assert annotation.(%{0 => 1, 1 => 0}, {2, 2}, {2, 2}) == "{devices=[2,2]0,2,1,3}"
+    assert annotation.(%{0 => 1}, {2}, {2, 2}) == "{devices=[2,2]0,2,1,3 last_tile_dim_replicate}"
+
+    # An Nx.Mesh's: a tensor axis over several mesh axes, major first.
+    assert EXLA.Defn.Sharding.annotation([[0, 1], []], {2, 2}) == "{devices=[4,1]0,1,2,3}"
+    assert EXLA.Defn.Sharding.annotation([[1, 0], []], {2, 2}) == "{devices=[4,1]0,2,1,3}"
   end
 
   describe "EXLA.Executable on several devices" do
