@@ -353,6 +353,94 @@ defmodule EXLA.DecompositionsTest do
     end
   end
 
+  ## solve and determinant
+
+  describe "solve" do
+    test "A X = B for a batch of matrices or of vectors, every type" do
+      for type <- @types,
+          {a_shape, b_shape} <- [{{5, 5}, {5}}, {{5, 5}, {5, 3}}, {{2, 4, 4}, {2, 4}}] do
+        a = random(a_shape, type, 12)
+        rhs = random(b_shape, type, 13)
+        {x} = both(&Nx.LinAlg.solve/2, [a, rhs])
+        assert x.shape == b_shape and x.type == type
+
+        product =
+          if tuple_size(b_shape) < tuple_size(a_shape),
+            do: mul(a, Nx.new_axis(wide(x), -1)) |> Nx.squeeze(axes: [-1]),
+            else: mul(a, x)
+
+        assert error(product, rhs) <= 10 * tol(type, 5), "#{inspect({type, a_shape, b_shape})}"
+      end
+    end
+
+    test "a singular matrix gives infinities or NaN, as LAPACK's gesv" do
+      a =
+        Nx.tensor([
+          [1.0, 2.0, 3.0, 4.0],
+          [2.0, 4.0, 6.0, 8.0],
+          [0.0, 1.0, 0.0, 1.0],
+          [1.0, 0.0, 0.0, 1.0]
+        ])
+
+      {x} = both(&Nx.LinAlg.solve/2, [a, Nx.tensor([1.0, 2.0, 3.0, 4.0])])
+
+      assert x |> Nx.is_infinity() |> Nx.logical_or(Nx.is_nan(x)) |> Nx.any() |> Nx.to_number() ==
+               1
+    end
+  end
+
+  describe "determinant" do
+    test "from 4x4 the product of U's diagonal, signed; 2x2 and 3x3 Nx's exact formula" do
+      for type <- [{:f, 32}, {:f, 64}], n <- [4, 9] do
+        a = random({3, n, n}, type, 14)
+        {d} = both(&Nx.LinAlg.determinant/1, [a])
+        # the product of the eigenvalues of the symmetric A Aᵀ is det(A)²
+        {values, _} = EXLA.jit(&Nx.LinAlg.eigh/1).(mul(a, adjoint(a)))
+        expected = values |> wide() |> Nx.product(axes: [-1])
+        assert error(Nx.multiply(wide(d), wide(d)), expected) <= 10 * tol(type, n)
+      end
+
+      {d} = both(&Nx.LinAlg.determinant/1, [Nx.tensor([[[2, 3], [4, 5]], [[6, 3], [4, 8]]])])
+      assert Nx.to_list(d) == [-2.0, 36.0]
+      three = Nx.tensor([[1.0, 2.0, 3.0], [1.0, 5.0, 3.0], [7.0, 6.0, 9.0]])
+      assert Nx.to_number(elem(both(&Nx.LinAlg.determinant/1, [three]), 0)) == -36.0
+
+      swap =
+        Nx.tensor([
+          [0.0, 1.0, 0.0, 0.0],
+          [1.0, 0.0, 0.0, 0.0],
+          [0.0, 0.0, 2.0, 0.0],
+          [0.0, 0.0, 0.0, 3.0]
+        ])
+
+      assert Nx.to_number(elem(both(&Nx.LinAlg.determinant/1, [swap]), 0)) == -6.0
+      # (two equal rows: elimination makes an exact zero pivot)
+      singular =
+        Nx.tensor([
+          [1.0, 2.0, 3.0, 4.0],
+          [1.0, 2.0, 3.0, 4.0],
+          [0.0, 1.0, 0.0, 1.0],
+          [1.0, 0.0, 0.0, 1.0]
+        ])
+
+      assert Nx.to_number(Nx.abs(elem(both(&Nx.LinAlg.determinant/1, [singular]), 0))) == 0.0
+    end
+
+    test "invert goes through them" do
+      # (eagerly it is several programs, whose last bits may differ from
+      # the one jit compiles)
+      a = random({2, 6, 6}, {:f, 64}, 15)
+      eye = Nx.broadcast(Nx.eye(6, type: :f64), {2, 6, 6})
+
+      for x <- [
+            EXLA.jit(&Nx.LinAlg.invert/1).(a),
+            Nx.LinAlg.invert(Nx.backend_copy(a, EXLA.Backend))
+          ] do
+        assert max_abs(Nx.subtract(mul(a, x), eye)) <= 1.0e-12
+      end
+    end
+  end
+
   ## All of them
 
   describe "every decomposition" do
@@ -455,7 +543,9 @@ defmodule EXLA.DecompositionsTest do
             {&Nx.LinAlg.eigh/1, "exla_linalg_eigh"},
             {&Nx.LinAlg.svd/1, "exla_linalg_svd"},
             {&Nx.LinAlg.cholesky/1, "exla_linalg_cholesky"},
-            {&Nx.LinAlg.lu/1, "exla_linalg_lu"}
+            {&Nx.LinAlg.lu/1, "exla_linalg_lu"},
+            {&Nx.LinAlg.solve(&1, Nx.tensor([1.0, 2.0, 3.0, 4.0])), "exla_linalg_solve"},
+            {&Nx.LinAlg.determinant/1, "exla_linalg_determinant"}
           ] do
         expr = Nx.Defn.debug_expr(fun).(Nx.template({4, 4}, :f32))
         shapes = [EXLA.Shape.make_shape({:f, 32}, {4, 4})]
@@ -471,7 +561,8 @@ defmodule EXLA.DecompositionsTest do
 
       assert Enum.sort(EXLA.Defn.Lowering.Decompositions.targets()) ==
                Enum.sort(
-                 ~w(exla_linalg_qr exla_linalg_eigh exla_linalg_svd exla_linalg_cholesky exla_linalg_lu)
+                 ~w(exla_linalg_qr exla_linalg_eigh exla_linalg_svd exla_linalg_cholesky exla_linalg_lu) ++
+                   ~w(exla_linalg_solve exla_linalg_determinant)
                )
     end
   end

@@ -391,7 +391,7 @@ pub fn qr<T: Elem>(a: Mat<T>, complete: bool, par: Par) -> (Mat<T>, Mat<T>) {
                 r[(j, c)] = r[(j, c)].times(turn);
             }
             scale_column(q.as_mut(), j, turn.conjugate());
-            if !trivial && !(m <= n && j == m - 1) {
+            if !(trivial || m <= n && j == m - 1) {
                 // exactly real (the product leaves rounding in the imaginary part)
                 r[(j, j)] = T::from_real(r[(j, j)].real_part());
             }
@@ -540,9 +540,20 @@ pub fn cholesky<T: Elem>(a: Mat<T>, par: Par) -> Mat<T> {
     l
 }
 
-/// The LU decomposition with partial pivoting of the n x n matrix `a`:
-/// P, L and U with A = P . L . U, and the sign of the permutation.
-pub fn lu<T: Elem>(a: Mat<T>, par: Par) -> (Mat<T>, Mat<T>, Mat<T>, f64) {
+/// A matrix factored by LU with partial pivoting: L (strictly below the
+/// diagonal, unit diagonal implied) and U in one matrix, P A = L U with row
+/// i of P A row `perm[i]` of A, and the number of row swaps.
+pub struct Lu<T: Elem> {
+    lu: Mat<T>,
+    perm: Vec<usize>,
+    perm_inv: Vec<usize>,
+    swaps: usize,
+}
+
+/// Factors the n x n matrix `a` by LU with partial pivoting (LAPACK's
+/// getrf: the largest |re| + |im| of the column, the first of equals; a
+/// zero pivot leaves the column below it alone).
+pub fn factor_lu<T: Elem>(a: Mat<T>, par: Par) -> Lu<T> {
     let n = a.nrows();
     let finite = all_finite(a.as_ref());
     let mut lu = a.clone();
@@ -565,20 +576,66 @@ pub fn lu<T: Elem>(a: Mat<T>, par: Par) -> (Mat<T>, Mat<T>, Mat<T>, f64) {
         // (all zeros below the pivot) and goes on, as this does.
         lu = a;
         swaps = unblocked_lu(lu.as_mut(), &mut perm);
+        for (i, &row) in perm.iter().enumerate() {
+            perm_inv[row] = i;
+        }
     }
+    Lu {
+        lu,
+        perm,
+        perm_inv,
+        swaps,
+    }
+}
+
+/// The LU decomposition with partial pivoting of the n x n matrix `a`:
+/// P, L and U with A = P . L . U.
+pub fn lu<T: Elem>(a: Mat<T>, par: Par) -> (Mat<T>, Mat<T>, Mat<T>) {
+    let n = a.nrows();
+    let Lu { lu, perm, .. } = factor_lu(a, par);
     let l = Mat::from_fn(n, n, |i, j| match i.cmp(&j) {
         std::cmp::Ordering::Greater => lu[(i, j)],
         std::cmp::Ordering::Equal => T::one(),
         std::cmp::Ordering::Less => T::zero(),
     });
     let u = Mat::from_fn(n, n, |i, j| if i <= j { lu[(i, j)] } else { T::zero() });
-    // P A = L U with row i of P A row perm[i] of A: A = Pᵀ L U.
+    // P A = L U: A = Pᵀ L U.
     let mut p = Mat::<T>::zeros(n, n);
     for (i, &row) in perm.iter().enumerate() {
         p[(row, i)] = T::one();
     }
-    let sign = if swaps % 2 == 0 { 1.0 } else { -1.0 };
-    (p, l, u, sign)
+    (p, l, u)
+}
+
+/// X with A X = B, for the n x n matrix `a` and the n x k matrix `b`, by
+/// LU with partial pivoting (LAPACK's gesv). A singular A gives infinities
+/// and NaN.
+pub fn solve<T: Elem>(a: Mat<T>, b: Mat<T>, par: Par) -> Mat<T> {
+    let (n, k) = b.shape();
+    let factors = factor_lu(a, par);
+    let mut x = b;
+    let perm = faer::perm::PermRef::new_checked(&factors.perm, &factors.perm_inv, n);
+    let scratch = lu::partial_pivoting::solve::solve_in_place_scratch::<usize, T>(n, k, par);
+    let mut memory = MemBuffer::new(scratch);
+    lu::partial_pivoting::solve::solve_in_place(
+        factors.lu.as_ref(),
+        factors.lu.as_ref(),
+        perm,
+        x.as_mut(),
+        par,
+        MemStack::new(&mut memory),
+    );
+    x
+}
+
+/// The determinant of the n x n matrix `a`: the product of U's diagonal,
+/// signed by the row swaps (0 for a zero pivot).
+pub fn determinant<T: Elem>(a: Mat<T>, par: Par) -> T {
+    let factors = factor_lu(a, par);
+    let sign = if factors.swaps % 2 == 0 { 1.0 } else { -1.0 };
+    (0..factors.lu.nrows()).fold(T::real_value(sign), |product, i| {
+        product.times(factors.lu[(i, i)])
+    })
 }
 
 /// LAPACK's unblocked getrf (getf2) in place, pivoting on the largest
@@ -709,8 +766,20 @@ mod tests {
     #[test]
     fn lu_gives_a_equal_to_p_l_u() {
         let a = matrix(5, 5, 5);
-        let (p, l, u, _) = lu(a.clone(), Par::Seq);
+        let (p, l, u) = lu(a.clone(), Par::Seq);
         assert!(max_diff((&p * &l * &u).as_ref(), a.as_ref()) < 1e-12);
+    }
+
+    #[test]
+    fn solve_and_determinant_through_lu() {
+        let a = matrix(6, 6, 8);
+        let b = matrix(6, 2, 9);
+        let x = solve(a.clone(), b.clone(), Par::Seq);
+        assert!(max_diff((&a * &x).as_ref(), b.as_ref()) < 1e-12);
+        let swap = Mat::from_fn(2, 2, |i, j| if i == j { 0.0f64 } else { 3.0 });
+        assert_eq!(determinant(swap, Par::Seq), -9.0);
+        let singular = Mat::from_fn(3, 3, |i, _| i as f64);
+        assert_eq!(determinant(singular, Par::Seq), 0.0);
     }
 
     #[test]

@@ -1,12 +1,13 @@
-//! EXLA's decompositions on the host: QR, eigh, SVD, Cholesky and LU as
-//! XLA FFI custom calls, registered with a CPU plugin by `install` and
+//! EXLA's decompositions on the host: QR, eigh, SVD, Cholesky and LU, and
+//! the solve and determinant of LU, as XLA FFI custom calls, registered with a CPU plugin by `install` and
 //! emitted by `EXLA.Defn.Lowering.LinAlgCalls`. Each runs on the plugin's
 //! thread that reaches the call, with no trip through the BEAM; the
 //! decompositions themselves are faer's (`kernels.rs`).
 //!
-//! Every target takes one operand, a batch of matrices `[..., m, n]` of
-//! f32, f64, c64 or c128 (row-major, as `EXLA.MLIR.Ops.custom_call/5` lays
-//! them out), and returns its factors for each matrix of the batch:
+//! Every target takes a batch of matrices `[..., m, n]` of f32, f64, c64
+//! or c128 (row-major, as `EXLA.MLIR.Ops.custom_call/5` lays them out; two
+//! for solve, with the same batch), and returns its results for each
+//! matrix of the batch:
 //!
 //! | target | attributes | results |
 //! | --- | --- | --- |
@@ -15,10 +16,16 @@
 //! | `exla_linalg_svd` | `full` (0 or 1) | U `[..., m, m or k]`, S `[..., k]` (real), Vᴴ `[..., n or k, n]` |
 //! | `exla_linalg_cholesky` | | L `[..., n, n]` |
 //! | `exla_linalg_lu` | | P, L, U `[..., n, n]` |
+//! | `exla_linalg_solve` | | X `[..., n, k]` with A X = B, for A `[..., n, n]` and B `[..., n, k]` |
+//! | `exla_linalg_determinant` | | `[...]` |
 //!
 //! The conventions (order, signs, bad input) are `kernels.rs`'s. Shapes and
 //! types that do not fit fail the execution with an invalid-argument error
 //! (the lowering never emits them).
+//!
+//! Floating point: the plugin's threads flush subnormals to zero, which
+//! breaks some of faer's scaled arithmetic; a kernel runs with IEEE
+//! subnormals (`float_env.rs`). The pool's threads never flush them.
 //!
 //! Threads: a kernel runs on the calling plugin thread, serially, unless
 //! its batch is large enough to pay for threads (see `plan`): then on a
@@ -27,6 +34,7 @@
 //! batch spread over the pool (small ones). The calling thread waits
 //! meanwhile, so at most one thread per core computes for a kernel.
 
+mod float_env;
 pub mod kernels;
 
 use std::sync::OnceLock;
@@ -39,12 +47,14 @@ use rayon::prelude::*;
 pub use kernels::Elem;
 
 /// The FFI targets, in `install`'s order.
-pub const TARGETS: [&str; 5] = [
+pub const TARGETS: [&str; 7] = [
     Qr::TARGET,
     Eigh::TARGET,
     Svd::TARGET,
     Cholesky::TARGET,
     Lu::TARGET,
+    Solve::TARGET,
+    Determinant::TARGET,
 ];
 
 /// Registers every decomposition with `plugin`, a CPU plugin, for the host
@@ -54,26 +64,38 @@ pub fn install(plugin: &Plugin) -> pjrt::Result<()> {
     xla_ffi::register::<Kernel<Eigh>>(plugin, Platform::Host, Eigh::TARGET)?;
     xla_ffi::register::<Kernel<Svd>>(plugin, Platform::Host, Svd::TARGET)?;
     xla_ffi::register::<Kernel<Cholesky>>(plugin, Platform::Host, Cholesky::TARGET)?;
-    xla_ffi::register::<Kernel<Lu>>(plugin, Platform::Host, Lu::TARGET)
+    xla_ffi::register::<Kernel<Lu>>(plugin, Platform::Host, Lu::TARGET)?;
+    xla_ffi::register::<Kernel<Solve>>(plugin, Platform::Host, Solve::TARGET)?;
+    xla_ffi::register::<Kernel<Determinant>>(plugin, Platform::Host, Determinant::TARGET)
 }
 
 /// A decomposition served as an FFI target.
 trait Decomposition: 'static {
     const TARGET: &'static str;
+    /// How many operands it takes (each a batch of matrices, with the same
+    /// batch dimensions and element type).
+    const OPERANDS: usize = 1;
     /// What the call's attributes say (modes).
     type Options: Copy + Send + Sync;
 
     fn options(call: &Call<'_>) -> Result<Self::Options, FfiError>;
 
-    /// The results' matrix dimensions (after the batch dimensions) for an
-    /// m x n input, each with whether it holds real values.
-    fn results(m: usize, n: usize, options: Self::Options) -> Result<Vec<Output>, FfiError>;
+    /// The results' dimensions after the batch dimensions, for operands of
+    /// matrix dimensions `dims` (rows, columns), each with whether it holds
+    /// real values (of the operands' precision) rather than their type.
+    fn results(dims: &[(usize, usize)], options: Self::Options) -> Result<Vec<Output>, FfiError>;
 
     /// About how many floating-point operations one matrix takes.
-    fn work(m: usize, n: usize) -> f64;
+    fn work(dims: &[(usize, usize)]) -> f64;
 
-    /// Decomposes `a` and writes each result, row-major, in `outs`.
-    fn compute<T: Elem>(a: Mat<T>, options: Self::Options, par: Par, outs: &mut [&mut [u8]]);
+    /// Decomposes `inputs` (one matrix of each operand) and writes each
+    /// result, row-major, in `outs`.
+    fn compute<T: Elem>(
+        inputs: Vec<Mat<T>>,
+        options: Self::Options,
+        par: Par,
+        outs: &mut [&mut [u8]],
+    );
 }
 
 /// One result of a decomposition: its trailing dimensions and whether it
@@ -97,14 +119,20 @@ fn real(dims: &[usize]) -> Output {
     }
 }
 
-fn square(m: usize, n: usize, target: &str) -> Result<(), FfiError> {
+/// The size of the square matrix `dims`.
+fn square((m, n): (usize, usize), target: &str) -> Result<usize, FfiError> {
     if m == n {
-        Ok(())
+        Ok(n)
     } else {
         Err(FfiError::invalid_argument(format!(
             "{target} takes square matrices, got {m}x{n}"
         )))
     }
+}
+
+/// The one input matrix of a one-operand decomposition.
+fn one<T: Elem>(inputs: Vec<Mat<T>>) -> Mat<T> {
+    inputs.into_iter().next().expect("one operand")
 }
 
 fn flag(call: &Call<'_>, name: &str) -> Result<bool, FfiError> {
@@ -121,17 +149,19 @@ impl Decomposition for Qr {
         flag(call, "complete")
     }
 
-    fn results(m: usize, n: usize, complete: bool) -> Result<Vec<Output>, FfiError> {
+    fn results(dims: &[(usize, usize)], complete: bool) -> Result<Vec<Output>, FfiError> {
+        let (m, n) = dims[0];
         let k = if complete { m } else { m.min(n) };
         Ok(vec![same(&[m, k]), same(&[k, n])])
     }
 
-    fn work(m: usize, n: usize) -> f64 {
+    fn work(dims: &[(usize, usize)]) -> f64 {
+        let (m, n) = dims[0];
         4.0 * (m * n) as f64 * m.min(n) as f64
     }
 
-    fn compute<T: Elem>(a: Mat<T>, complete: bool, par: Par, outs: &mut [&mut [u8]]) {
-        let (q, r) = kernels::qr(a, complete, par);
+    fn compute<T: Elem>(inputs: Vec<Mat<T>>, complete: bool, par: Par, outs: &mut [&mut [u8]]) {
+        let (q, r) = kernels::qr(one(inputs), complete, par);
         kernels::write_matrix(&q, outs[0]);
         kernels::write_matrix(&r, outs[1]);
     }
@@ -147,17 +177,17 @@ impl Decomposition for Eigh {
         Ok(())
     }
 
-    fn results(m: usize, n: usize, _: ()) -> Result<Vec<Output>, FfiError> {
-        square(m, n, Self::TARGET)?;
+    fn results(dims: &[(usize, usize)], _: ()) -> Result<Vec<Output>, FfiError> {
+        let n = square(dims[0], Self::TARGET)?;
         Ok(vec![real(&[n]), same(&[n, n])])
     }
 
-    fn work(_m: usize, n: usize) -> f64 {
-        9.0 * (n as f64).powi(3)
+    fn work(dims: &[(usize, usize)]) -> f64 {
+        9.0 * (dims[0].1 as f64).powi(3)
     }
 
-    fn compute<T: Elem>(a: Mat<T>, _: (), par: Par, outs: &mut [&mut [u8]]) {
-        let (values, vectors) = kernels::eigh(a, par);
+    fn compute<T: Elem>(inputs: Vec<Mat<T>>, _: (), par: Par, outs: &mut [&mut [u8]]) {
+        let (values, vectors) = kernels::eigh(one(inputs), par);
         kernels::write_values(values, outs[0]);
         kernels::write_matrix(&vectors, outs[1]);
     }
@@ -173,19 +203,21 @@ impl Decomposition for Svd {
         flag(call, "full")
     }
 
-    fn results(m: usize, n: usize, full: bool) -> Result<Vec<Output>, FfiError> {
+    fn results(dims: &[(usize, usize)], full: bool) -> Result<Vec<Output>, FfiError> {
+        let (m, n) = dims[0];
         let k = m.min(n);
         let (cols_u, rows_v) = if full { (m, n) } else { (k, k) };
         Ok(vec![same(&[m, cols_u]), real(&[k]), same(&[rows_v, n])])
     }
 
-    fn work(m: usize, n: usize) -> f64 {
+    fn work(dims: &[(usize, usize)]) -> f64 {
+        let (m, n) = dims[0];
         let (big, small) = (m.max(n) as f64, m.min(n) as f64);
         12.0 * big * big * small + 10.0 * small.powi(3)
     }
 
-    fn compute<T: Elem>(a: Mat<T>, full: bool, par: Par, outs: &mut [&mut [u8]]) {
-        let (u, s, vh) = kernels::svd(a, full, par);
+    fn compute<T: Elem>(inputs: Vec<Mat<T>>, full: bool, par: Par, outs: &mut [&mut [u8]]) {
+        let (u, s, vh) = kernels::svd(one(inputs), full, par);
         kernels::write_matrix(&u, outs[0]);
         kernels::write_values(s, outs[1]);
         kernels::write_matrix(&vh, outs[2]);
@@ -202,17 +234,17 @@ impl Decomposition for Cholesky {
         Ok(())
     }
 
-    fn results(m: usize, n: usize, _: ()) -> Result<Vec<Output>, FfiError> {
-        square(m, n, Self::TARGET)?;
+    fn results(dims: &[(usize, usize)], _: ()) -> Result<Vec<Output>, FfiError> {
+        let n = square(dims[0], Self::TARGET)?;
         Ok(vec![same(&[n, n])])
     }
 
-    fn work(_m: usize, n: usize) -> f64 {
-        (n as f64).powi(3) / 3.0
+    fn work(dims: &[(usize, usize)]) -> f64 {
+        (dims[0].1 as f64).powi(3) / 3.0
     }
 
-    fn compute<T: Elem>(a: Mat<T>, _: (), par: Par, outs: &mut [&mut [u8]]) {
-        let l = kernels::cholesky(a, par);
+    fn compute<T: Elem>(inputs: Vec<Mat<T>>, _: (), par: Par, outs: &mut [&mut [u8]]) {
+        let l = kernels::cholesky(one(inputs), par);
         kernels::write_matrix(&l, outs[0]);
     }
 }
@@ -227,20 +259,80 @@ impl Decomposition for Lu {
         Ok(())
     }
 
-    fn results(m: usize, n: usize, _: ()) -> Result<Vec<Output>, FfiError> {
-        square(m, n, Self::TARGET)?;
+    fn results(dims: &[(usize, usize)], _: ()) -> Result<Vec<Output>, FfiError> {
+        let n = square(dims[0], Self::TARGET)?;
         Ok(vec![same(&[n, n]), same(&[n, n]), same(&[n, n])])
     }
 
-    fn work(_m: usize, n: usize) -> f64 {
-        2.0 * (n as f64).powi(3) / 3.0
+    fn work(dims: &[(usize, usize)]) -> f64 {
+        2.0 * (dims[0].1 as f64).powi(3) / 3.0
     }
 
-    fn compute<T: Elem>(a: Mat<T>, _: (), par: Par, outs: &mut [&mut [u8]]) {
-        let (p, l, u, _sign) = kernels::lu(a, par);
+    fn compute<T: Elem>(inputs: Vec<Mat<T>>, _: (), par: Par, outs: &mut [&mut [u8]]) {
+        let (p, l, u) = kernels::lu(one(inputs), par);
         kernels::write_matrix(&p, outs[0]);
         kernels::write_matrix(&l, outs[1]);
         kernels::write_matrix(&u, outs[2]);
+    }
+}
+
+struct Solve;
+
+impl Decomposition for Solve {
+    const TARGET: &'static str = "exla_linalg_solve";
+    const OPERANDS: usize = 2;
+    type Options = ();
+
+    fn options(_: &Call<'_>) -> Result<(), FfiError> {
+        Ok(())
+    }
+
+    fn results(dims: &[(usize, usize)], _: ()) -> Result<Vec<Output>, FfiError> {
+        let n = square(dims[0], Self::TARGET)?;
+        let (rows, k) = dims[1];
+        if rows != n {
+            return Err(FfiError::invalid_argument(format!(
+                "{}: B has {rows} rows, A {n}",
+                Self::TARGET
+            )));
+        }
+        Ok(vec![same(&[n, k])])
+    }
+
+    fn work(dims: &[(usize, usize)]) -> f64 {
+        let n = dims[0].1 as f64;
+        2.0 * n.powi(3) / 3.0 + 2.0 * n * n * dims[1].1 as f64
+    }
+
+    fn compute<T: Elem>(inputs: Vec<Mat<T>>, _: (), par: Par, outs: &mut [&mut [u8]]) {
+        let mut inputs = inputs.into_iter();
+        let (a, b) = (inputs.next(), inputs.next());
+        let (a, b) = (a.expect("two operands"), b.expect("two operands"));
+        kernels::write_matrix(&kernels::solve(a, b, par), outs[0]);
+    }
+}
+
+struct Determinant;
+
+impl Decomposition for Determinant {
+    const TARGET: &'static str = "exla_linalg_determinant";
+    type Options = ();
+
+    fn options(_: &Call<'_>) -> Result<(), FfiError> {
+        Ok(())
+    }
+
+    fn results(dims: &[(usize, usize)], _: ()) -> Result<Vec<Output>, FfiError> {
+        square(dims[0], Self::TARGET)?;
+        Ok(vec![same(&[])])
+    }
+
+    fn work(dims: &[(usize, usize)]) -> f64 {
+        2.0 * (dims[0].1 as f64).powi(3) / 3.0
+    }
+
+    fn compute<T: Elem>(inputs: Vec<Mat<T>>, _: (), par: Par, outs: &mut [&mut [u8]]) {
+        kernels::write_values([kernels::determinant(one(inputs), par)], outs[0]);
     }
 }
 
@@ -251,18 +343,19 @@ impl<D: Decomposition> Handler for Kernel<D> {
     const NAME: &'static str = D::TARGET;
 
     fn execute(call: &mut Call<'_>) -> Result<(), FfiError> {
-        let [input] = call.args[..] else {
+        if call.args.len() != D::OPERANDS {
             return Err(FfiError::invalid_argument(format!(
-                "{} takes one operand, got {}",
+                "{} takes {} operand(s), got {}",
                 D::TARGET,
+                D::OPERANDS,
                 call.args.len()
             )));
-        };
-        match input.dtype() {
-            dtype::F32 => run::<D, f32>(call, input),
-            dtype::F64 => run::<D, f64>(call, input),
-            dtype::C64 => run::<D, faer::c32>(call, input),
-            dtype::C128 => run::<D, faer::c64>(call, input),
+        }
+        match call.args[0].dtype() {
+            dtype::F32 => run::<D, f32>(call),
+            dtype::F64 => run::<D, f64>(call),
+            dtype::C64 => run::<D, faer::c32>(call),
+            dtype::C128 => run::<D, faer::c64>(call),
             other => Err(FfiError::invalid_argument(format!(
                 "{} takes f32, f64, c64 or c128 matrices, got XLA data type {other}",
                 D::TARGET
@@ -271,23 +364,39 @@ impl<D: Decomposition> Handler for Kernel<D> {
     }
 }
 
-/// Decomposes each matrix of `input`, of element type `T`, into the call's
-/// results, after checking their types and shapes.
-fn run<D: Decomposition, T: Elem>(call: &mut Call<'_>, input: Buffer<'_>) -> Result<(), FfiError> {
-    let dims = dims(input.dims())?;
-    if dims.len() < 2 {
-        return Err(FfiError::invalid_argument(format!(
-            "{} takes a batch of matrices, got dimensions {dims:?}",
-            D::TARGET
-        )));
+/// Decomposes each matrix of the operands, of element type `T`, into the
+/// call's results, after checking their types and shapes.
+fn run<D: Decomposition, T: Elem>(call: &mut Call<'_>) -> Result<(), FfiError> {
+    let args: Vec<Buffer<'_>> = call.args.clone();
+    let mut batch: Option<Vec<usize>> = None;
+    let mut matrices = Vec::with_capacity(args.len());
+    for arg in &args {
+        let dims = dims(arg.dims())?;
+        if arg.dtype() != T::DTYPE || dims.len() < 2 {
+            return Err(FfiError::invalid_argument(format!(
+                "{} takes batches of matrices of one type, got XLA data type {} with dimensions {dims:?}",
+                D::TARGET,
+                arg.dtype()
+            )));
+        }
+        let (batch_dims, matrix) = dims.split_at(dims.len() - 2);
+        if batch.get_or_insert_with(|| batch_dims.to_vec()) != batch_dims {
+            return Err(FfiError::invalid_argument(format!(
+                "{}: the operands' batch dimensions differ",
+                D::TARGET
+            )));
+        }
+        matrices.push((matrix[0], matrix[1]));
     }
-    let (batch_dims, matrix) = dims.split_at(dims.len() - 2);
-    let (m, n) = (matrix[0], matrix[1]);
+    let batch_dims = batch.unwrap_or_default();
     let options = D::options(call)?;
-    let outputs = D::results(m, n, options)?;
-    check_results::<T>(call, D::TARGET, batch_dims, &outputs)?;
+    let outputs = D::results(&matrices, options)?;
+    check_results::<T>(call, D::TARGET, &batch_dims, &outputs)?;
     let count: usize = batch_dims.iter().product();
-    let inputs = chunks(input.host_bytes()?, count);
+    let inputs: Vec<Vec<&[u8]>> = args
+        .iter()
+        .map(|arg| Ok(chunks(arg.host_bytes()?, count)))
+        .collect::<Result<_, FfiError>>()?;
     let mut per_matrix: Vec<Vec<&mut [u8]>> = (0..count).map(|_| Vec::new()).collect();
     for ret in call.rets.iter_mut() {
         for (b, chunk) in chunks_mut(ret.host_bytes_mut()?, count)
@@ -297,28 +406,35 @@ fn run<D: Decomposition, T: Elem>(call: &mut Call<'_>, input: Buffer<'_>) -> Res
             per_matrix[b].push(chunk);
         }
     }
-    let decompose = |bytes: &[u8], outs: &mut Vec<&mut [u8]>, par: Par| {
-        D::compute(kernels::read_matrix::<T>(bytes, m, n), options, par, outs);
+    let decompose = |b: usize, outs: &mut Vec<&mut [u8]>, par: Par| {
+        let mats = inputs
+            .iter()
+            .zip(&matrices)
+            .map(|(chunks, &(m, n))| kernels::read_matrix::<T>(chunks[b], m, n))
+            .collect();
+        D::compute(mats, options, par, outs);
     };
-    match plan(count, D::work(m, n) * element_cost::<T>()) {
-        Plan::Serial => {
-            for (bytes, outs) in inputs.iter().zip(per_matrix.iter_mut()) {
-                decompose(bytes, outs, Par::Seq);
+    float_env::with_subnormals(
+        || match plan(count, D::work(&matrices) * element_cost::<T>()) {
+            Plan::Serial => {
+                for (b, outs) in per_matrix.iter_mut().enumerate() {
+                    decompose(b, outs, Par::Seq);
+                }
             }
-        }
-        Plan::EachMatrixInParallel(pool) => pool.install(|| {
-            let par = Par::rayon(pool.current_num_threads());
-            for (bytes, outs) in inputs.iter().zip(per_matrix.iter_mut()) {
-                decompose(bytes, outs, par);
-            }
-        }),
-        Plan::MatricesInParallel(pool) => pool.install(|| {
-            inputs
-                .par_iter()
-                .zip(per_matrix.par_iter_mut())
-                .for_each(|(bytes, outs)| decompose(bytes, outs, Par::Seq));
-        }),
-    }
+            Plan::EachMatrixInParallel(pool) => pool.install(|| {
+                let par = Par::rayon(pool.current_num_threads());
+                for (b, outs) in per_matrix.iter_mut().enumerate() {
+                    decompose(b, outs, par);
+                }
+            }),
+            Plan::MatricesInParallel(pool) => pool.install(|| {
+                per_matrix
+                    .par_iter_mut()
+                    .enumerate()
+                    .for_each(|(b, outs)| decompose(b, outs, Par::Seq));
+            }),
+        },
+    );
     Ok(())
 }
 
@@ -463,10 +579,25 @@ mod tests {
     #[test]
     fn results_follow_the_modes() {
         let dims = |outputs: Vec<Output>| outputs.into_iter().map(|o| o.dims).collect::<Vec<_>>();
-        assert_eq!(dims(Qr::results(5, 3, false).unwrap()), [[5, 3], [3, 3]]);
-        assert_eq!(dims(Qr::results(5, 3, true).unwrap()), [[5, 5], [5, 3]]);
-        let svd = dims(Svd::results(5, 3, true).unwrap());
+        assert_eq!(
+            dims(Qr::results(&[(5, 3)], false).unwrap()),
+            [[5, 3], [3, 3]]
+        );
+        assert_eq!(
+            dims(Qr::results(&[(5, 3)], true).unwrap()),
+            [[5, 5], [5, 3]]
+        );
+        let svd = dims(Svd::results(&[(5, 3)], true).unwrap());
         assert_eq!(svd, vec![vec![5, 5], vec![3], vec![3, 3]]);
-        assert!(Cholesky::results(2, 3, ()).is_err());
+        assert!(Cholesky::results(&[(2, 3)], ()).is_err());
+        assert_eq!(
+            dims(Solve::results(&[(4, 4), (4, 2)], ()).unwrap()),
+            [[4, 2]]
+        );
+        assert!(Solve::results(&[(4, 4), (3, 2)], ()).is_err());
+        assert_eq!(
+            dims(Determinant::results(&[(4, 4)], ()).unwrap()),
+            [Vec::<usize>::new()]
+        );
     }
 }

@@ -6,13 +6,14 @@ defmodule EXLA.Defn.Lowering.Blocks do
   # lines name the same operations differently; both reach the same native
   # lowerings here:
   #
-  #   * QR, eigh, SVD, Cholesky and LU - on the host, custom calls to the
-  #     NIF's native kernels (`EXLA.Defn.Lowering.Decompositions`, where the
-  #     `:native_linalg` assign says so); elsewhere QR is a Householder QR
+  #   * QR, eigh, SVD, Cholesky, LU, solve and determinant (from 4x4) - on
+  #     the host, custom calls to the NIF's native kernels
+  #     (`EXLA.Defn.Lowering.Decompositions`, where the `:native_linalg`
+  #     assign says so); elsewhere QR is a Householder QR
   #     (`EXLA.Defn.Lowering.QR`), instead of Nx's default expression, which
   #     reconstructs Q . R less accurately, LU is `EXLA.Defn.Lowering.LU`
-  #     (Nx 0.7 has no default for it), and eigh, SVD and Cholesky are Nx's
-  #     default implementations;
+  #     (Nx 0.7 has no default for it), and the others are Nx's default
+  #     implementations;
   #   * take and take_along_axis - one gather each, as the `:take` and
   #     `:take_along_axis` nodes of Nx 0.7 (`EXLA.Defn.Lowering.Structure`);
   #   * top_k - `chlo.top_k`;
@@ -40,8 +41,10 @@ defmodule EXLA.Defn.Lowering.Blocks do
   #     integer inputs is needed to give the same results: s8 -27 and -90
   #     are not close with `rtol: 0.7, atol: 0` (0.7 * 90 is just below 63
   #     in f64), but would be in f32 (where it rounds to 63.0);
-  #   * eigh, SVD and Cholesky off the host - Nx's defaults, as on Nx 0.7,
-  #     where they are `:optional` nodes whose defaults are lowered too.
+  #   * eigh, SVD, Cholesky, solve and determinant off the host (and the
+  #     determinant of 2x2 and 3x3 matrices, a closed formula) - Nx's
+  #     defaults, as on Nx 0.7, where they are `:optional` nodes whose
+  #     defaults are lowered too.
 
   alias EXLA.Defn.Lowering.Decompositions
   alias Nx.Defn.Expr
@@ -137,6 +140,16 @@ defmodule EXLA.Defn.Lowering.Blocks do
          when b.assigns.native_linalg,
          do: Decompositions.cholesky(x, default, b)
 
+    defp lower_skipped(%{__struct__: Nx.Block.LinAlg.Solve}, [a, x | _], default, b)
+         when b.assigns.native_linalg,
+         do: Decompositions.solve(a, x, default, b)
+
+    defp lower_skipped(%{__struct__: Nx.Block.LinAlg.Determinant}, [x | _] = args, default, b) do
+      if b.assigns.native_linalg and Decompositions.determinant?(x),
+        do: Decompositions.determinant(x, default, b),
+        else: lower_default(args, default, b)
+    end
+
     defp lower_skipped(_struct, in_args, default, b), do: lower_default(in_args, default, b)
 
     # A node of Nx 0.7's kind, for the lowerings shared with it.
@@ -220,7 +233,7 @@ defmodule EXLA.Defn.Lowering.Blocks do
     end
 
     def lower(:optional, %T{data: %Expr{args: [%{data: %Expr{op: op} = call}, default, _]}}, b)
-        when b.assigns.native_linalg and op in [:eigh, :svd, :cholesky] do
+        when b.assigns.native_linalg and op in [:eigh, :svd, :cholesky, :solve, :determinant] do
       case {op, call.args} do
         {:eigh, [tensor, _opts]} ->
           Decompositions.eigh(tensor, default, b)
@@ -230,6 +243,14 @@ defmodule EXLA.Defn.Lowering.Blocks do
 
         {:cholesky, [tensor]} ->
           Decompositions.cholesky(tensor, default, b)
+
+        {:solve, [a, x]} ->
+          Decompositions.solve(a, x, default, b)
+
+        {:determinant, [tensor]} ->
+          if Decompositions.determinant?(tensor),
+            do: Decompositions.determinant(tensor, default, b),
+            else: lower_default(call.args, default, b)
       end
     end
 

@@ -31,7 +31,9 @@ defmodule EXLA.Defn.Lowering.Decompositions do
 
   @doc "The FFI targets (native/linalg's `TARGETS`)."
   def targets,
-    do: ~w(exla_linalg_qr exla_linalg_eigh exla_linalg_svd exla_linalg_cholesky exla_linalg_lu)
+    do:
+      ~w(exla_linalg_qr exla_linalg_eigh exla_linalg_svd exla_linalg_cholesky exla_linalg_lu) ++
+        ~w(exla_linalg_solve exla_linalg_determinant)
 
   @doc """
   Q and R of `tensor`, `:reduced` or `:complete`, as `outputs` ({q, r}).
@@ -40,42 +42,87 @@ defmodule EXLA.Defn.Lowering.Decompositions do
   """
   def qr(tensor, mode, outputs, b) do
     flags = [complete: mode == :complete]
-    call("exla_linalg_qr", tensor, outputs, flags, [false, false], b, b.assigns.qr_in_f64)
+    call("exla_linalg_qr", [tensor], outputs, flags, [false, false], b, b.assigns.qr_in_f64)
   end
 
   @doc "Eigenvalues and eigenvectors of `tensor`, as `outputs`."
   def eigh(tensor, outputs, b),
-    do: call("exla_linalg_eigh", tensor, outputs, [], [true, false], b)
+    do: call("exla_linalg_eigh", [tensor], outputs, [], [true, false], b)
 
   @doc "U, S and Vᴴ of `tensor` (full or thin), as `outputs`."
   def svd(tensor, full?, outputs, b),
-    do: call("exla_linalg_svd", tensor, outputs, [full: full?], [false, true, false], b)
+    do: call("exla_linalg_svd", [tensor], outputs, [full: full?], [false, true, false], b)
 
   @doc "The lower Cholesky factor of `tensor`, as `output`."
-  def cholesky(tensor, output, b) do
-    {{:tuple, [l]}, b} = call("exla_linalg_cholesky", tensor, {output}, [], [false], b)
-    {l, b}
-  end
+  def cholesky(tensor, output, b), do: single("exla_linalg_cholesky", [tensor], output, b)
 
   @doc "P, L and U of `tensor`, as `outputs`."
   def lu(tensor, outputs, b),
-    do: call("exla_linalg_lu", tensor, outputs, [], [false, false, false], b)
+    do: call("exla_linalg_lu", [tensor], outputs, [], [false, false, false], b)
 
-  # One custom call of `target` on `tensor` computed in its working type,
-  # whose results (real ones where `real` says so) are converted to the
-  # types of the templates in `outputs`.
-  defp call(target, tensor, outputs, flags, real, b, in_f64? \\ false) do
+  @doc """
+  X with A X = B (`a` square, `b` a batch of matrices or of vectors), as
+  `output`, by LU with partial pivoting (LAPACK's gesv, as JAX's solve).
+  """
+  def solve(a, b_tensor, output, b) do
+    {_, a_dims} = type_of(a)
+    {_, b_dims} = type_of(b_tensor)
+
+    if tuple_size(b_dims) == tuple_size(a_dims) - 1 do
+      # a vector B is a one-column matrix
+      columns = %{output | shape: Tuple.append(output.shape, 1)}
+      {x, b} = single("exla_linalg_solve", [a, b_tensor], columns, b, b_dims)
+      Ops.reshape(b, x, dims(output))
+    else
+      single("exla_linalg_solve", [a, b_tensor], output, b)
+    end
+  end
+
+  @doc """
+  Whether `determinant/3` computes the determinant of `tensor`: from 4x4
+  on. Nx's default for 2x2 and 3x3 matrices is a closed formula, exact for
+  small integers, and as fast.
+  """
+  def determinant?(tensor) do
+    {_, dims} = type_of(tensor)
+    elem(dims, tuple_size(dims) - 1) >= 4
+  end
+
+  @doc "The determinant of `tensor` (from the LU of each matrix), as `output`."
+  def determinant(tensor, output, b), do: single("exla_linalg_determinant", [tensor], output, b)
+
+  # A call with one result, returned as a value.
+  defp single(target, tensors, output, b, vector_dims \\ nil) do
+    {{:tuple, [value]}, b} = call(target, tensors, {output}, [], [false], b, false, vector_dims)
+    {value, b}
+  end
+
+  # One custom call of `target` on `tensors` computed in their working
+  # type, whose results (real ones where `real` says so) are converted to
+  # the types of the templates in `outputs`. `vector_dims`, when given,
+  # are the dimensions of a last tensor that is a batch of vectors, passed
+  # as one-column matrices.
+  defp call(target, tensors, outputs, flags, real, b, in_f64? \\ false, vector_dims \\ nil) do
     templates = Tuple.to_list(outputs)
     type = Nx.Type.to_floating(hd(templates).type)
     working = if in_f64?, do: widened(working_type(type)), else: working_type(type)
-    {x, b} = lower_as(tensor, working, b)
+    {operands, b} = Enum.map_reduce(tensors, b, &lower_as(&1, working, &2))
+
+    {operands, b} =
+      if vector_dims do
+        {init, [last]} = Enum.split(operands, -1)
+        {last, b} = Ops.reshape(b, last, Tuple.append(vector_dims, 1))
+        {init ++ [last], b}
+      else
+        {operands, b}
+      end
 
     result_types =
       Enum.zip_with(templates, real, fn t, real? ->
         {if(real?, do: real_part(working), else: working), dims(t)}
       end)
 
-    {values, b} = Ops.custom_call(b, target, [x], result_types, backend_config(flags))
+    {values, b} = Ops.custom_call(b, target, operands, result_types, backend_config(flags))
     # f16 and bf16 results are f32's rounded (also where f32 is computed
     # in f64).
     {values, b} =
