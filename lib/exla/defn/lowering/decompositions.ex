@@ -70,7 +70,7 @@ defmodule EXLA.Defn.Lowering.Decompositions do
 
     if tuple_size(b_dims) == tuple_size(a_dims) - 1 do
       # a vector B is a one-column matrix
-      columns = %{output | shape: Tuple.append(output.shape, 1)}
+      columns = %{output | shape: Tuple.insert_at(output.shape, tuple_size(output.shape), 1)}
       {x, b} = single("exla_linalg_solve", [a, b_tensor], columns, b, b_dims)
       Ops.reshape(b, x, dims(output))
     else
@@ -111,7 +111,7 @@ defmodule EXLA.Defn.Lowering.Decompositions do
     {operands, b} =
       if vector_dims do
         {init, [last]} = Enum.split(operands, -1)
-        {last, b} = Ops.reshape(b, last, Tuple.append(vector_dims, 1))
+        {last, b} = Ops.reshape(b, last, Tuple.insert_at(vector_dims, tuple_size(vector_dims), 1))
         {init ++ [last], b}
       else
         {operands, b}
@@ -122,7 +122,11 @@ defmodule EXLA.Defn.Lowering.Decompositions do
         {if(real?, do: real_part(working), else: working), dims(t)}
       end)
 
-    {values, b} = Ops.custom_call(b, target, operands, result_types, backend_config(flags))
+    {values, b} =
+      Ops.custom_call(b, target, operands, result_types, backend_config(flags),
+        work: work(target, hd(operands).type)
+      )
+
     # f16 and bf16 results are f32's rounded (also where f32 is computed
     # in f64).
     {values, b} =
@@ -133,6 +137,29 @@ defmodule EXLA.Defn.Lowering.Decompositions do
       end)
 
     {{:tuple, values}, b}
+  end
+
+  # About how many element operations a call on a batch of matrices of
+  # `type` costs: m * n * min(m, n) per matrix, times the op's factor (its
+  # operations per such product, rounded, as LAPACK counts them), and 4 for
+  # complex types. EXLA.Placement places its runs from it, with the program's
+  # other ops: a call is not unbounded, as other custom calls are, and the
+  # small ones run on the calling scheduler (an 8x8 SVD in microseconds)
+  # while those of 64x64 and more go to a dirty scheduler.
+  @work_factors %{
+    "exla_linalg_qr" => 4,
+    "exla_linalg_eigh" => 9,
+    "exla_linalg_svd" => 22,
+    "exla_linalg_cholesky" => 1,
+    "exla_linalg_lu" => 1,
+    "exla_linalg_solve" => 2,
+    "exla_linalg_determinant" => 1
+  }
+
+  defp work(target, {element, dims}) do
+    {batch, [m, n]} = dims |> Tuple.to_list() |> Enum.split(-2)
+    complex = if match?({:c, _}, element), do: 4, else: 1
+    Map.fetch!(@work_factors, target) * complex * Enum.product(batch) * m * n * min(m, n)
   end
 
   defp widened({:f, 32}), do: {:f, 64}
