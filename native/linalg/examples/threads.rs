@@ -62,7 +62,11 @@ fn time<T: Elem>(name: &str, input: &[u8], n: usize, par: Par, pool: &rayon::Thr
     let f = kernel::<T>(name);
     let mut out = vec![0u8; n * n * T::BYTES];
     let start = Instant::now();
-    pool.install(|| f(kernels::read_matrix::<T>(input, n, n), par, &mut out));
+    match par {
+        // on the calling thread, as a serial kernel runs
+        Par::Seq => f(kernels::read_matrix::<T>(input, n, n), par, &mut out),
+        _ => pool.install(|| f(kernels::read_matrix::<T>(input, n, n), par, &mut out)),
+    }
     start.elapsed().as_secs_f64() * 1e3
 }
 
@@ -74,7 +78,7 @@ fn median(mut v: Vec<f64>) -> f64 {
 fn run<T: Elem>(label: &str, pool: &rayon::ThreadPool, only: &[String]) {
     let threads = pool.current_num_threads();
     for name in ["qr", "eigh", "svd", "cholesky", "lu"] {
-        for n in [64, 128, 256, 512, 1024] {
+        for n in [8, 64, 128, 256, 512, 1024] {
             let size = n.to_string();
             let names = only.iter().filter(|o| o.parse::<usize>().is_err());
             let sizes = only.iter().filter(|o| o.parse::<usize>().is_ok());
@@ -99,7 +103,13 @@ fn run<T: Elem>(label: &str, pool: &rayon::ThreadPool, only: &[String]) {
                 }
             }
             let input = bytes::<T>(&values);
-            let reps = if n >= 512 { 5 } else { 15 };
+            let reps = if n >= 512 {
+                5
+            } else if n <= 8 {
+                1001
+            } else {
+                15
+            };
             let (mut one, mut many) = (vec![], vec![]);
             for _ in 0..reps {
                 one.push(time::<T>(name, &input, n, Par::Seq, pool));

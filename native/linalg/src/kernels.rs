@@ -33,6 +33,10 @@ use faer::{c32, c64, Conj, Mat, MatMut, MatRef, Par};
 pub trait Elem: faer::traits::ComplexField + Copy + Send + Sync + 'static {
     /// The real type of the same precision (itself for real types).
     type Part: Elem<Part = Self::Part> + faer::traits::RealField;
+    /// The type of twice the precision, or itself for f64 and c128.
+    type Wide: Elem<Part = <Self::Part as Elem>::Wide>;
+    /// Whether `Wide` is wider than this type (f32 and c64).
+    const NARROW: bool;
     /// `XLA_FFI_DataType` code.
     const DTYPE: i32;
     /// Size in bytes.
@@ -60,12 +64,17 @@ pub trait Elem: faer::traits::ComplexField + Copy + Send + Sync + 'static {
     fn hermitian_mean(a: Self, b: Self) -> Self;
     /// An f64 as this type's real part (for determinants' signs).
     fn real_value(value: f64) -> Self;
+    fn widen(self) -> Self::Wide;
+    /// Rounds a wide value to this type.
+    fn narrow(wide: Self::Wide) -> Self;
 }
 
 macro_rules! real_elem {
-    ($t:ty, $code:expr) => {
+    ($t:ty, $wide:ty, $code:expr) => {
         impl Elem for $t {
             type Part = $t;
+            type Wide = $wide;
+            const NARROW: bool = std::mem::size_of::<$t>() < std::mem::size_of::<$wide>();
             const DTYPE: i32 = $code;
             const BYTES: usize = std::mem::size_of::<$t>();
 
@@ -142,17 +151,27 @@ macro_rules! real_elem {
             fn real_value(value: f64) -> Self {
                 value as $t
             }
+            #[inline]
+            fn widen(self) -> $wide {
+                self as $wide
+            }
+            #[inline]
+            fn narrow(wide: $wide) -> Self {
+                wide as $t
+            }
         }
     };
 }
 
-real_elem!(f32, pjrt::xla_ffi::dtype::F32);
-real_elem!(f64, pjrt::xla_ffi::dtype::F64);
+real_elem!(f32, f64, pjrt::xla_ffi::dtype::F32);
+real_elem!(f64, f64, pjrt::xla_ffi::dtype::F64);
 
 macro_rules! complex_elem {
-    ($t:ty, $r:ty, $code:expr) => {
+    ($t:ty, $r:ty, $wide:ty, $code:expr) => {
         impl Elem for $t {
             type Part = $r;
+            type Wide = $wide;
+            const NARROW: bool = std::mem::size_of::<$t>() < std::mem::size_of::<$wide>();
             const DTYPE: i32 = $code;
             const BYTES: usize = 2 * std::mem::size_of::<$r>();
 
@@ -233,12 +252,20 @@ macro_rules! complex_elem {
             fn real_value(value: f64) -> Self {
                 <$t>::new(value as $r, 0.0)
             }
+            #[inline]
+            fn widen(self) -> $wide {
+                <$wide>::new(self.re.widen(), self.im.widen())
+            }
+            #[inline]
+            fn narrow(wide: $wide) -> Self {
+                <$t>::new(<$r>::narrow(wide.re), <$r>::narrow(wide.im))
+            }
         }
     };
 }
 
-complex_elem!(c32, f32, pjrt::xla_ffi::dtype::C64);
-complex_elem!(c64, f64, pjrt::xla_ffi::dtype::C128);
+complex_elem!(c32, f32, c64, pjrt::xla_ffi::dtype::C64);
+complex_elem!(c64, f64, c64, pjrt::xla_ffi::dtype::C128);
 
 /// Side of the square tiles in which matrices are copied between row-major
 /// bytes and faer's column-major matrices: one side of the copy strides by
@@ -444,6 +471,41 @@ pub fn eigh<T: Elem>(a: Mat<T>, par: Par) -> (Vec<T::Part>, Mat<T>) {
         scale_column(sorted.as_mut(), j, turn);
     }
     (sorted_values, sorted)
+}
+
+/// `eigh`, computed in the wide type and rounded once where `wide` (f32 and
+/// c64 only).
+pub fn eigh_in<T: Elem>(a: Mat<T>, wide: bool, par: Par) -> (Vec<T::Part>, Mat<T>) {
+    if !(wide && T::NARROW) {
+        return eigh(a, par);
+    }
+    let (values, vectors) = eigh(widened(&a), par);
+    let values = values.into_iter().map(<T::Part as Elem>::narrow).collect();
+    (values, narrowed(&vectors))
+}
+
+/// `svd`, computed in the wide type and rounded once where `wide` (f32 and
+/// c64 only).
+pub fn svd_in<T: Elem>(
+    a: Mat<T>,
+    full: bool,
+    wide: bool,
+    par: Par,
+) -> (Mat<T>, Vec<T::Part>, Mat<T>) {
+    if !(wide && T::NARROW) {
+        return svd(a, full, par);
+    }
+    let (u, s, vh) = svd(widened(&a), full, par);
+    let s = s.into_iter().map(<T::Part as Elem>::narrow).collect();
+    (narrowed(&u), s, narrowed(&vh))
+}
+
+fn widened<T: Elem>(a: &Mat<T>) -> Mat<T::Wide> {
+    Mat::from_fn(a.nrows(), a.ncols(), |i, j| a[(i, j)].widen())
+}
+
+fn narrowed<T: Elem>(a: &Mat<T::Wide>) -> Mat<T> {
+    Mat::from_fn(a.nrows(), a.ncols(), |i, j| T::narrow(a[(i, j)]))
 }
 
 /// The singular value decomposition of the m x n matrix `a`: U (m x m with
