@@ -269,6 +269,16 @@ defmodule EXLA.Defn.Lowering do
 
   defp assign(b, kv), do: %{b | assigns: Enum.into(kv, b.assigns)}
 
+  # A node is lowered in the devectorized frame: Nx builds every op's
+  # arguments (shapes, axes) there, with the vectorized axes leading, and
+  # vectorizes only the struct of the result, so a node seen vectorized (an
+  # output, or a value a hook or a cond holds) has the same arguments as
+  # its devectorized self.
+  defp devectorize(%T{vectorized_axes: []} = t), do: t
+
+  defp devectorize(%T{names: names, vectorized_axes: axes} = t),
+    do: %{t | shape: dims(t), names: Keyword.keys(axes) ++ names, vectorized_axes: []}
+
   @doc false
   def dims(%T{shape: shape, vectorized_axes: []}), do: shape
 
@@ -319,6 +329,7 @@ defmodule EXLA.Defn.Lowering do
         {res, b}
 
       _ ->
+        t = devectorize(t)
         check!(op, t, b)
         {res, b} = lower_op(op, t, b)
         {res, assign(b, cache: Map.put(b.assigns.cache, id, res))}
