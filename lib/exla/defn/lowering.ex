@@ -400,11 +400,15 @@ defmodule EXLA.Defn.Lowering do
   end
 
   # An integer constant (as `Nx.max(x, 0)` or the count of `Nx.mean` make)
-  # that `elem` represents exactly is emitted in `elem`: converting it at
-  # run time gives that same value, so the bits are the same and the
-  # program has one op less.
+  # whose value `elem` represents exactly is emitted in `elem`: converting
+  # it at run time gives that same value, so the bits are the same and the
+  # program has one op less. Its value is the number as its own type holds
+  # it: Nx 0.12 and later type an integer literal s32 whatever its size
+  # (`Nx.add(x, 2 ** 40 + 3)` adds 3, as Nx.BinaryBackend and EXLA.Backend
+  # do), Nx 0.7 s64.
   defp exact_constant(%T{type: {kind, _} = from, data: %Expr{op: :constant, args: [n]}}, elem)
        when kind in [:s, :u] and is_integer(n) and from != elem do
+    n = Ops.wrap_integer(from, n)
     if exact?(n, elem), do: {:ok, n}, else: :error
   end
 
