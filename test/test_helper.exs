@@ -37,8 +37,15 @@ no_nx =
 no_halt_hook =
   if :erlang.system_info(:otp_release) |> List.to_integer() >= 26, do: [], else: [:halt_hook]
 
+# :x86_64 tests cap XLA:CPU's instruction set (xla_cpu_max_isa: "AVX2"),
+# which only x86-64 hosts have.
+no_x86_64 =
+  if :erlang.system_info(:system_architecture) |> to_string() =~ ~r/^x86_64/,
+    do: [],
+    else: [:x86_64]
+
 ExUnit.start(
   exclude:
     [:slow, :distributed] ++
-      no_fault_injection ++ no_cargo ++ by_platform ++ no_nx ++ no_halt_hook
+      no_fault_injection ++ no_cargo ++ by_platform ++ no_nx ++ no_halt_hook ++ no_x86_64
 )
