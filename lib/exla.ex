@@ -602,10 +602,7 @@ defmodule EXLA do
     end
 
     {mesh, options} = Keyword.pop(options, :mesh)
-
-    unless mesh == nil or (EXLA.NxVersion.meshes?() and is_struct(mesh, Nx.Mesh)) do
-      raise ArgumentError, "expected :mesh to be an %Nx.Mesh{}, got: #{inspect(mesh)}"
-    end
+    mesh = mlir_mesh!(mesh)
 
     run =
       if nested?,
@@ -615,6 +612,15 @@ defmodule EXLA do
     result = EXLA.Defn.__with_mode__(:to_mlir, run)
     %{result | used_inputs: MapSet.new(result.used_inputs)}
   end
+
+  defp mlir_mesh!(nil), do: nil
+
+  if EXLA.NxVersion.meshes?() do
+    defp mlir_mesh!(%Nx.Mesh{} = mesh), do: mesh
+  end
+
+  defp mlir_mesh!(mesh),
+    do: raise(ArgumentError, "expected :mesh to be an %Nx.Mesh{}, got: #{inspect(mesh)}")
 
   # From another compiler's callback, Nx is not asked to compile (it would
   # refuse a compilation inside another): EXLA's own callback is called with
