@@ -50,11 +50,14 @@ defmodule EXLA do
 
     * `:precision` - the precision of dot products and convolutions on
       floating point operands: `:default`, `:high` or `:highest`. Defaults
-      to `:default`. `:packed_nibble` is accepted too, as in EXLA 0.7, but
+      to `:default`. Any other value raises, as EXLA 0.13 words it,
+      "expected precision configuration to be one of :default, :high, or
+      :highest, got: ...", when the function is compiled (EXLA raises
+      only when it lowers a dot product or a convolution). On Nx 0.7,
+      `:packed_nibble` is accepted too, as in EXLA 0.7, and the message
+      lists it (":default, :high, :highest, or :packed_nibble"), but
       StableHLO has no such precision, so a function with a dot product or
-      a convolution raises when compiled with it. Any other value raises
-      "expected precision configuration to be one of :default, :high,
-      :highest, or :packed_nibble, got: ...". (EXLA 0.7's MLIR compiler
+      a convolution raises when compiled with it. (EXLA 0.7's MLIR compiler
       checked the value but left it out of the program; here it is the
       `precision_config` of every `dot_general` and `convolution`.)
 

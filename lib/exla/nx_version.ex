@@ -84,6 +84,14 @@ defmodule EXLA.NxVersion do
   @fact_default_integer if(@line == :v0_7, do: {:s, 64}, else: {:s, 32})
   def default_integer, do: @fact_default_integer
 
+  @doc """
+  The values of the compiler's `:precision` option: EXLA 0.7.2 takes
+  `:packed_nibble` too, EXLA 0.13.1 does not.
+  """
+  @fact_precisions [:default, :high, :highest] ++
+                     if(@line == :v0_7, do: [:packed_nibble], else: [])
+  def precisions, do: @fact_precisions
+
   @doc "The callbacks of the compiled Nx's `Nx.Backend` behaviour."
   def backend_callbacks, do: Nx.Backend.behaviour_info(:callbacks)
 end

@@ -73,7 +73,7 @@ defmodule EXLA.Sharding do
       end
     end)
 
-    sharding |> Map.values() |> once_each!(sharding, index)
+    sharding |> Enum.sort() |> Enum.map(&elem(&1, 1)) |> once_each!()
 
     sharding
   end
@@ -192,9 +192,7 @@ defmodule EXLA.Sharding do
   """
   def mesh_sharding!(sharding, t, shape, index) do
     unless is_map(sharding) do
-      raise ArgumentError,
-            "expected the sharding of input #{index} to be a map of tensor axes to lists " <>
-              "of mesh axes, got: #{inspect(sharding)}"
+      raise ArgumentError, "expected input sharding to be a map, got: #{inspect(sharding)}"
     end
 
     by_axis =
@@ -203,36 +201,41 @@ defmodule EXLA.Sharding do
 
         if Map.has_key?(acc, i) do
           raise ArgumentError,
-                "axis #{i} of input #{index} is given more than once in the sharding " <>
-                  "#{inspect(sharding)}"
+                "tensor dimension #{inspect(axis)} (index #{i}) was specified multiple times"
         end
 
         Map.put(acc, i, mesh_axes!(mesh_axes, shape, sharding, index))
       end)
 
-    by_axis |> Map.values() |> List.flatten() |> once_each!(sharding, index)
-
-    for i <- 0..(tuple_size(t.shape) - 1)//1, do: Map.get(by_axis, i, [])
+    dim_axes = for i <- 0..(tuple_size(t.shape) - 1)//1, do: Map.get(by_axis, i, [])
+    once_each!(List.flatten(dim_axes))
+    dim_axes
   end
 
-  # A mesh axis splits at most one tensor axis of an input.
-  defp once_each!(mesh_axes, sharding, index) do
-    if length(Enum.uniq(mesh_axes)) != length(mesh_axes) do
-      raise ArgumentError,
-            "the sharding #{inspect(sharding)} of input #{index} uses a mesh axis twice"
-    end
+  # A mesh axis splits at most one tensor axis of an input: the first one
+  # named again, in the order of the tensor's axes, is reported (EXLA's
+  # words).
+  defp once_each!(mesh_axes) do
+    Enum.reduce(mesh_axes, MapSet.new(), fn axis, seen ->
+      if axis in seen do
+        raise ArgumentError, "axis #{axis} was used twice in the same input sharding"
+      end
+
+      MapSet.put(seen, axis)
+    end)
   end
 
   defp mesh_axes!(mesh_axes, shape, sharding, index) do
-    valid? =
-      is_list(mesh_axes) and
-        Enum.all?(mesh_axes, &(is_integer(&1) and &1 >= 0 and &1 < tuple_size(shape)))
-
-    unless valid? do
+    unless is_list(mesh_axes) and Enum.all?(mesh_axes, &is_integer/1) do
       raise ArgumentError,
             "invalid sharding #{inspect(sharding)} of input #{index}: each tensor axis maps " <>
               "to a list of mesh axes, integers from 0 to #{tuple_size(shape) - 1} for a mesh " <>
               "of shape #{inspect(shape)}, got: #{inspect(mesh_axes)}"
+    end
+
+    for axis <- mesh_axes, axis < 0 or axis >= tuple_size(shape) do
+      raise ArgumentError,
+            "axis #{axis} is not valid for mesh with #{tuple_size(shape)} axes"
     end
 
     mesh_axes

@@ -329,7 +329,11 @@ defmodule EXLA.Defn.Compilation do
   ## Options
 
   @defaults [precision: :default, cache: true, debug: false, lazy_transfers: :opt_in, donate: []]
-  @precisions [:default, :high, :highest, :packed_nibble]
+  @precisions EXLA.NxVersion.precisions()
+  # EXLA's words: ":default, :high, or :highest" (with ", or :packed_nibble"
+  # last on Nx 0.7.2).
+  @precisions_text Enum.map_join(Enum.drop(@precisions, -1), ", ", &inspect/1) <>
+                     ", or #{inspect(List.last(@precisions))}"
 
   @doc false
   # Validates the values of the compiler options EXLA knows (of jit,
@@ -355,8 +359,8 @@ defmodule EXLA.Defn.Compilation do
 
     unless opts[:precision] in @precisions do
       raise ArgumentError,
-            "expected precision configuration to be one of :default, :high, :highest, " <>
-              "or :packed_nibble, got: #{inspect(opts[:precision])}"
+            "expected precision configuration to be one of #{@precisions_text}, " <>
+              "got: #{inspect(opts[:precision])}"
     end
 
     check_cache!(opts[:cache])
