@@ -323,11 +323,42 @@ defmodule EXLA.Client do
   The client is created on the first call (for the `:host` platform, this
   may first install the CPU plugin, see `EXLA.Plugin`) and the same client
   is returned afterwards. Raises `ArgumentError` if no client has this name.
+
+  As in EXLA, where clients are created by a server process, a client that
+  cannot be created (invalid options, a plugin that is missing or fails,
+  no devices) exits the caller: the exit reason is
+  `{{exception, stacktrace}, {GenServer, :call, [EXLA.Client, request, :infinity]}}`,
+  as a call to a server that raised `exception` gives, so code written for
+  EXLA that catches the exit catches it here too. Nothing is kept: the
+  next call tries again. (Without EXLA's application started, there is no
+  such server and the exception is raised.)
+
+      # on a machine without CUDA
+      try do
+        EXLA.Client.fetch!(:cuda)
+      catch
+        :exit, {{%RuntimeError{} = error, _stacktrace}, {GenServer, :call, _}} ->
+          Exception.message(error)
+      end
+      #=> "no PJRT plugin for :cuda was found ..."
+
   """
   @spec fetch!(atom()) :: t()
   def fetch!(name) when is_atom(name) do
-    EXLA.Memo.peek({__MODULE__, :client, name}) ||
-      serialize(fn -> fetch_serialized(name) end)
+    EXLA.Memo.peek({__MODULE__, :client, name}) || create(name)
+  end
+
+  # EXLA's words for a name not configured, raised in the caller.
+  defp create(name) do
+    clients = Application.fetch_env!(:exla, :clients)
+
+    options =
+      client_config(clients, name) ||
+        raise ArgumentError,
+              "could not find EXLA client named #{inspect(name)}, the clients specified " <>
+                "in your config files are: #{inspect(Keyword.keys(clients))}"
+
+    serialize(fn -> fetch_serialized(name, options) end, {:client, name})
   end
 
   @doc """
@@ -358,7 +389,7 @@ defmodule EXLA.Client do
   @spec get_supported_platforms() :: %{optional(atom()) => pos_integer()}
   def get_supported_platforms do
     EXLA.Memo.peek({__MODULE__, :supported_platforms}) ||
-      serialize(&supported_serialized/0)
+      serialize(&supported_serialized/0, :supported_platforms)
   end
 
   # 128 TiB: the user address space of 64-bit hosts (47 bits).
@@ -661,19 +692,41 @@ defmodule EXLA.Client do
     {:reply, run(fun), state}
   end
 
-  defp serialize(fun) do
-    result =
-      case Process.whereis(__MODULE__) do
-        nil -> :global.trans({__MODULE__, self()}, fn -> run(fun) end, [node()])
-        pid when pid == self() -> run(fun)
-        pid -> GenServer.call(pid, {:serialize, fun}, :infinity)
-      end
+  # Runs `fun` in this server, one at a time. What `fun` raises exits the
+  # caller as EXLA's client server, which crashes on it, makes its callers
+  # exit (`request` stands for the call in the reason); the server itself
+  # carries on. Called from the server, or with no server, it is raised.
+  defp serialize(fun, request) do
+    case Process.whereis(__MODULE__) do
+      nil ->
+        :global.trans({__MODULE__, self()}, fn -> run(fun) end, [node()]) |> value()
 
-    case result do
-      {:ok, value} -> value
-      {:raise, kind, reason, stacktrace} -> :erlang.raise(kind, reason, stacktrace)
+      pid when pid == self() ->
+        fun |> run() |> value()
+
+      pid ->
+        case GenServer.call(pid, {:serialize, fun}, :infinity) do
+          {:raise, kind, reason, stacktrace} ->
+            exit(
+              {exit_reason(kind, reason, stacktrace),
+               {GenServer, :call, [__MODULE__, request, :infinity]}}
+            )
+
+          result ->
+            value(result)
+        end
     end
   end
+
+  defp value({:ok, value}), do: value
+  defp value({:raise, kind, reason, stacktrace}), do: :erlang.raise(kind, reason, stacktrace)
+
+  # The reason a GenServer stops with when its callback fails so.
+  defp exit_reason(:error, reason, stacktrace),
+    do: {Exception.normalize(:error, reason, stacktrace), stacktrace}
+
+  defp exit_reason(:exit, reason, _stacktrace), do: reason
+  defp exit_reason(:throw, value, stacktrace), do: {{:nocatch, value}, stacktrace}
 
   # Runs `fun`, bringing back what it raised so the caller raises it.
   defp run(fun) do
@@ -682,12 +735,8 @@ defmodule EXLA.Client do
     kind, reason -> {:raise, kind, reason, __STACKTRACE__}
   end
 
-  defp fetch_serialized(name) do
+  defp fetch_serialized(name, options) do
     EXLA.Memo.get({__MODULE__, :client, name}, fn ->
-      options =
-        client_config(Application.fetch_env!(:exla, :clients), name) ||
-          raise ArgumentError, "could not find EXLA client named #{inspect(name)}"
-
       options = validate_options!(name, options)
       client = build!(name, options)
       if options[:warm_up] and cpu_platform?(client.platform_name), do: WarmUp.start(client)
@@ -826,7 +875,7 @@ defmodule EXLA.Client do
     with true <- EXLA.Plugin.may_have_devices?(platform, plugin: plugin),
          {:ok, path} <- EXLA.Plugin.find(platform, plugin: plugin) do
       case configured do
-        [{name, _} | _] -> fetch_serialized(name).device_count
+        [{name, options} | _] -> fetch_serialized(name, options).device_count
         [] -> probe_device_count(platform, path)
       end
     else
