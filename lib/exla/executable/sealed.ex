@@ -36,6 +36,10 @@ defmodule EXLA.Executable.Sealed do
   @doc "The version `seal/2` writes."
   def version, do: @version
 
+  @doc "The format version of a sealed binary, or nil when `binary` is not one."
+  def version_of(<<@magic, version::16, _::binary>>), do: version
+  def version_of(binary) when is_binary(binary), do: nil
+
   @doc """
   Seals `blob` with `metadata` (a map).
   """
