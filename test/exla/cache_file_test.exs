@@ -122,8 +122,34 @@ defmodule EXLA.CacheFileTest do
 
     File.write!(path, "not a cache file")
     log = logged(fn -> assert Nx.to_number(call(path, scalars(5, 3))) == 2.0 end)
-    assert log =~ "[warning] EXLA disk cache at #{inspect(path)} is not usable"
+    assert log =~ "[warning] EXLA disk cache at #{inspect(path)} is not a file of this EXLA"
     assert logged(fn -> call(path, scalars(5, 3)) end) =~ "EXLA disk cache found"
+  end
+
+  test "a file whose configuration names an atom this VM never made is another configuration",
+       %{tmp_dir: dir} do
+    path = Path.join(dir, "atom.exla")
+    EXLA.jit_apply(&Nx.subtract/2, scalars(5, 3), cache: path, mode: :ab12cd34)
+    # The same file, resealed, as another VM would have written it.
+    # An atom of the same length (the term's encoding keeps it), never made.
+    digits = System.unique_integer([:positive]) |> rem(1_000_000) |> Integer.to_string()
+    fresh = "zz" <> String.pad_leading(digits, 6, "0")
+
+    binary = File.read!(path)
+    body = binary_part(binary, 0, byte_size(binary) - 32)
+    [before, rest] = :binary.split(body, "ab12cd34")
+    body = before <> fresh <> rest
+    File.write!(path, body <> :crypto.hash(:sha256, body))
+
+    log =
+      capture_log(fn ->
+        result = EXLA.jit_apply(&Nx.subtract/2, scalars(5, 3), cache: path, mode: :ab12cd34)
+        assert Nx.to_number(result) == 2.0
+      end)
+
+    assert log =~ "EXLA disk cache does not match configuration."
+    assert log =~ "Expected: %{options: [mode: :ab12cd34]}"
+    assert log =~ "Found: %{options: [mode: :#{fresh}]}"
   end
 
   test "EXLA.compile/3 reads the file when it compiles", %{tmp_dir: dir} do

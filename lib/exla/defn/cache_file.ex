@@ -75,14 +75,33 @@ defmodule EXLA.Defn.CacheFile do
     do: EXLA.CompileCache.write_file(path, exe, key, configuration)
 
   # {:found, program_key}, or :absent when the file is to be (re)written.
+  # Only the file's metadata is read: a call whose program is in memory
+  # reads no more of it (the executable is read, and checked, where a
+  # program is loaded from it, see EXLA.CompileCache).
   defp read(path, configuration, debug?) do
-    case File.read(path) do
-      {:ok, binary} ->
-        open(path, binary, configuration, debug?)
+    case EXLA.Executable.Sealed.peek_metadata(path) do
+      {:ok, %{configuration: ^configuration, cache_key: key}} ->
+        if debug?, do: Logger.debug("EXLA disk cache found at #{inspect(path)}")
+        {:found, key}
+
+      {:ok, metadata} ->
+        warn_mismatch(configuration, Map.get(metadata, :configuration) || %{})
+        :absent
 
       {:error, :enoent} ->
         if debug?, do: Logger.debug("EXLA disk cache not found at #{inspect(path)}")
         :absent
+
+      {:error, :other_version} ->
+        Logger.warning(
+          "Discarding EXLA disk cache at #{inspect(path)} because it is for an older " <>
+            "EXLA version"
+        )
+
+        :absent
+
+      {:error, :unknown} ->
+        unknown(path, configuration)
 
       {:error, reason} ->
         Logger.warning(
@@ -94,31 +113,21 @@ defmodule EXLA.Defn.CacheFile do
     end
   end
 
-  defp open(path, binary, configuration, debug?) do
-    case EXLA.Executable.Sealed.open(binary) do
-      {:ok, %{configuration: ^configuration, cache_key: key}, _blob} ->
-        if debug?, do: Logger.debug("EXLA disk cache found at #{inspect(path)}")
-        {:found, key}
-
-      {:ok, metadata, _blob} ->
-        warn_mismatch(configuration, Map.get(metadata, :configuration) || %{})
-        :absent
-
-      {:error, _kind, message} ->
-        if EXLA.Executable.Sealed.version_of(binary) do
-          Logger.warning(
-            "Discarding EXLA disk cache at #{inspect(path)} because it is for an older " <>
-              "EXLA version"
-          )
-        else
-          Logger.warning(
-            "EXLA disk cache at #{inspect(path)} is not usable (#{message}): the program " <>
-              "is compiled and written there"
-          )
-        end
-
-        :absent
+  # Not a file of this EXLA, or one whose metadata names atoms this VM has
+  # not made (another configuration, which the whole file, checked, shows).
+  defp unknown(path, configuration) do
+    with {:ok, binary} <- File.read(path),
+         {:ok, metadata, _blob} <- EXLA.Executable.Sealed.open(binary) do
+      warn_mismatch(configuration, Map.get(metadata, :configuration) || %{})
+    else
+      _ ->
+        Logger.warning(
+          "EXLA disk cache at #{inspect(path)} is not a file of this EXLA (or is damaged): " <>
+            "the program is compiled and written there"
+        )
     end
+
+    :absent
   end
 
   # EXLA's warning, with the entries that differ.
