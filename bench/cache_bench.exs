@@ -65,7 +65,7 @@ defmodule CacheBench do
 
   defp memory(count, start_rss) do
     pt = :persistent_term.info()
-    cache = EXLA.Defn.LockedCache
+    cache = EXLA.LockedCache
 
     # EXLA.Backend's programs: pinned ones are among the :persistent_term
     # terms, evictable ones in ETS (caches without that split keep all of

@@ -322,8 +322,8 @@ defmodule EXLATest do
     end
   end
 
-  describe "EXLA.Defn.LockedCache" do
-    alias EXLA.Defn.LockedCache
+  describe "EXLA.LockedCache" do
+    alias EXLA.LockedCache
 
     test "waiters reuse the value computed by the lock holder" do
       key = {__MODULE__, make_ref()}

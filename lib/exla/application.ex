@@ -8,13 +8,13 @@ defmodule EXLA.Application do
       # First: it logs what the native code reports from then on.
       EXLA.NativeLog,
       {EXLA.Client, []},
-      EXLA.Defn.LockedCache,
+      EXLA.LockedCache,
       EXLA.CompileCache.Memory,
       {Task, &preload_code/0}
     ]
 
     # Owned by the application's process: it lives as long as EXLA.
-    EXLA.Recompilation.create_table()
+    EXLA.Defn.Recompilation.create_table()
 
     # The end of a script (mix run, elixir, mix test) waits too.
     System.at_exit(fn _status -> await_native_work() end)

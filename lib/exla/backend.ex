@@ -136,7 +136,8 @@ defmodule EXLA.Backend do
 
   alias Nx.Tensor, as: T
   alias EXLA.Backend, as: B
-  alias EXLA.Defn.{Compiled, LockedCache}
+  alias EXLA.Defn.Compiled
+  alias EXLA.LockedCache
 
   ## Creation
 

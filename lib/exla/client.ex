@@ -194,9 +194,10 @@ defmodule EXLA.Client do
   use GenServer
   require Logger
   require EXLA.Remote
-  alias EXLA.Client.WarmUp
+  alias EXLA.Client.{Options, WarmUp}
 
   alias EXLA.Platform
+  alias EXLA.Platform.Discovery
 
   @enforce_keys [:ref, :name, :platform, :device_count, :default_device_id]
   defstruct [
@@ -232,20 +233,6 @@ defmodule EXLA.Client do
           xla_options: [{String.t(), {atom(), term()}}]
         }
 
-  @option_defaults [
-    platform: :host,
-    default_device_id: 0,
-    preallocate: true,
-    memory_fraction: 0.9,
-    plugin: nil,
-    device_count: nil,
-    warm_up: true
-  ]
-
-  # Allowed without a default: absent means the platform's defaults alone
-  # (:device_type and :plugin_path are required by :pjrt_plugin alone).
-  @optional_options [:xla_options, :cpu_plugin, :device_type, :plugin_path]
-
   @doc """
   Starts the process that creates clients one at a time.
 
@@ -271,34 +258,13 @@ defmodule EXLA.Client do
 
       :error ->
         EXLA.Memo.get({__MODULE__, :default_name}, fn ->
-          choose_default(
+          Discovery.choose_default(
             Application.fetch_env!(:exla, :clients),
             Application.fetch_env!(:exla, :preferred_clients),
             get_supported_platforms()
           )
         end)
     end
-  end
-
-  @doc false
-  # The default among `preferred` clients, given the supported platforms.
-  def choose_default(clients, preferred, supported) do
-    Enum.find(preferred, fn name ->
-      options =
-        client_config(clients, name) ||
-          raise ArgumentError, "unknown client #{inspect(name)} given as :preferred_clients"
-
-      Map.has_key?(supported, Keyword.get(options, :platform, :host))
-    end) ||
-      raise RuntimeError,
-            "could not find a default client for EXLA: none of the :preferred_clients " <>
-              "#{inspect(preferred)} runs on a supported platform " <>
-              "(supported: #{inspect(Map.keys(supported))}). The configured EXLA clients " <>
-              "are: #{inspect(clients)}. The :host platform needs the CPU plugin, which " <>
-              "EXLA installs with python3 and pip, or which you point " <>
-              "EXLA_PJRT_PLUGIN_HOST at; a GPU needs its plugin (for CUDA: " <>
-              ~s|`pip install "jax[cuda13]"`, or point EXLA_PJRT_PLUGIN_CUDA at it). | <>
-              "See EXLA.Plugin"
   end
 
   @doc false
@@ -352,13 +318,13 @@ defmodule EXLA.Client do
   defp create(name) do
     clients = Application.fetch_env!(:exla, :clients)
 
-    options =
-      client_config(clients, name) ||
-        raise ArgumentError,
-              "could not find EXLA client named #{inspect(name)}, the clients specified " <>
-                "in your config files are: #{inspect(Keyword.keys(clients))}"
+    unless client_config(clients, name) do
+      raise ArgumentError,
+            "could not find EXLA client named #{inspect(name)}, the clients specified " <>
+              "in your config files are: #{inspect(Keyword.keys(clients))}"
+    end
 
-    serialize(fn -> fetch_serialized(name, options) end, {:client, name})
+    serialize(fn -> fetch_serialized(name) end, {:client, name})
   end
 
   @doc """
@@ -388,17 +354,8 @@ defmodule EXLA.Client do
   """
   @spec get_supported_platforms() :: %{optional(atom()) => pos_integer()}
   def get_supported_platforms do
-    EXLA.Memo.peek({__MODULE__, :supported_platforms}) ||
-      serialize(&supported_serialized/0, :supported_platforms)
+    Discovery.peek() || serialize(&Discovery.supported/0, :supported_platforms)
   end
-
-  # 128 TiB: the user address space of 64-bit hosts (47 bits).
-  @address_space_bytes 2 ** 47
-
-  @doc false
-  # The limit on a tensor's bytes where nothing smaller is known (also
-  # EXLA.Defn.Lowering's default).
-  def address_space_bytes, do: @address_space_bytes
 
   @doc """
   The most bytes one tensor may take on `client`; programs with a larger
@@ -410,20 +367,8 @@ defmodule EXLA.Client do
   known, it is 128 TiB, the address space of 64-bit hosts.
   """
   @spec max_tensor_bytes(t()) :: pos_integer()
-  def max_tensor_bytes(%__MODULE__{platform: :host}) do
-    EXLA.Memo.get({__MODULE__, :host_memory}, &host_memory/0)
-  end
-
-  def max_tensor_bytes(%__MODULE__{}), do: @address_space_bytes
-
-  defp host_memory do
-    with {:ok, info} <- File.read("/proc/meminfo"),
-         [_, kib] <- Regex.run(~r/^MemTotal:\s+(\d+) kB/m, info) do
-      String.to_integer(kib) * 1024
-    else
-      _ -> @address_space_bytes
-    end
-  end
+  def max_tensor_bytes(%__MODULE__{platform: platform}),
+    do: Discovery.max_tensor_bytes(platform)
 
   @doc """
   Returns the memory statistics of `client` (a client or its name).
@@ -484,204 +429,6 @@ defmodule EXLA.Client do
   def reset_peak_memory(%__MODULE__{} = client),
     do: EXLA.NIF.client_reset_peak_memory(local(client).ref)
 
-  ## Options
-
-  @doc false
-  # Validates a client's options, returning them with the defaults filled in.
-  def validate_options!(name, options) do
-    unless Keyword.keyword?(options) do
-      raise ArgumentError,
-            "expected the options of EXLA client #{inspect(name)} to be a keyword list, " <>
-              "got: #{inspect(options)}"
-    end
-
-    options =
-      try do
-        Keyword.validate!(options, @optional_options ++ @option_defaults)
-      rescue
-        e in ArgumentError ->
-          reraise ArgumentError,
-                  "invalid options for EXLA client #{inspect(name)}: " <> Exception.message(e),
-                  __STACKTRACE__
-      end
-
-    Enum.each(options, &check_option!(name, options[:platform], &1))
-
-    if options[:plugin] && options[:cpu_plugin] do
-      raise ArgumentError,
-            "EXLA client #{inspect(name)} gives both :plugin and :cpu_plugin: give one"
-    end
-
-    options
-    |> Keyword.update!(:memory_fraction, &(&1 * 1.0))
-    |> plugin_options!(name)
-  end
-
-  # A :pjrt_plugin client needs its plugin's path and device type (EXLA
-  # 0.13 raises without them too); its path is then its :plugin.
-  defp plugin_options!(options, name) do
-    if options[:platform] == :pjrt_plugin do
-      for key <- [:device_type, :plugin_path], options[key] == nil do
-        raise ArgumentError,
-              "EXLA client #{inspect(name)} of the :pjrt_plugin platform requires " <>
-                "#{inspect(key)}: " <> pjrt_plugin_hint(key)
-      end
-
-      if options[:plugin] do
-        raise ArgumentError,
-              "EXLA client #{inspect(name)} of the :pjrt_plugin platform takes its " <>
-                "plugin's path as :plugin_path, not :plugin"
-      end
-
-      options
-      |> Keyword.update!(:device_type, &to_string/1)
-      |> Keyword.put(:plugin, options[:plugin_path])
-    else
-      options
-    end
-  end
-
-  defp pjrt_plugin_hint(:device_type),
-    do: ~s|the device type of its PJRT plugin, such as "tt"|
-
-  defp pjrt_plugin_hint(:plugin_path),
-    do: "the path of its PJRT plugin library, such as \"/opt/tt/pjrt_plugin_tt.so\""
-
-  defp check_option!(name, _platform, {:platform, platform}) do
-    if platform not in Platform.all() do
-      raise ArgumentError,
-            "unknown EXLA platform #{inspect(platform)} for client #{inspect(name)}, " <>
-              "expected one of #{inspect(Platform.all())}"
-    end
-  end
-
-  defp check_option!(_name, _platform, {:default_device_id, id})
-       when is_integer(id) and id >= 0,
-       do: :ok
-
-  defp check_option!(_name, _platform, {:preallocate, value}) when is_boolean(value), do: :ok
-  defp check_option!(_name, _platform, {:warm_up, value}) when is_boolean(value), do: :ok
-
-  defp check_option!(_name, _platform, {:memory_fraction, value})
-       when is_number(value) and value > 0 and value <= 1,
-       do: :ok
-
-  defp check_option!(_name, _platform, {:plugin, path}) when is_nil(path) or is_binary(path),
-    do: :ok
-
-  defp check_option!(_name, _platform, {:device_count, nil}), do: :ok
-  defp check_option!(_name, _platform, {:cpu_plugin, nil}), do: :ok
-
-  defp check_option!(name, :host, {:cpu_plugin, plugin}) do
-    EXLA.Plugin.check_cpu_plugin!(plugin, ":cpu_plugin for EXLA client #{inspect(name)}")
-  end
-
-  defp check_option!(name, platform, {:cpu_plugin, _plugin}) do
-    raise ArgumentError,
-          "the :cpu_plugin option of EXLA client #{inspect(name)} is only supported " <>
-            "by :host clients, but its platform is #{inspect(platform)}"
-  end
-
-  # The same limit as the XLA flag that sets the count: the plugin creates
-  # as many devices as it is asked for.
-  defp check_option!(name, :host, {:device_count, count}) when is_integer(count) and count > 0 do
-    with {:error, reason} <- EXLA.XLAOptions.check_device_count(count) do
-      raise ArgumentError, "invalid :device_count for EXLA client #{inspect(name)}: #{reason}"
-    end
-  end
-
-  defp check_option!(name, platform, {:device_count, _count}) when platform != :host do
-    raise ArgumentError,
-          "the :device_count option of EXLA client #{inspect(name)} is only supported " <>
-            "by :host clients, but its platform is #{inspect(platform)}"
-  end
-
-  defp check_option!(_name, _platform, {key, nil}) when key in [:device_type, :plugin_path],
-    do: :ok
-
-  defp check_option!(name, platform, {key, _value})
-       when key in [:device_type, :plugin_path] and platform != :pjrt_plugin do
-    raise ArgumentError,
-          "the #{inspect(key)} option of EXLA client #{inspect(name)} is only supported " <>
-            "by :pjrt_plugin clients, but its platform is #{inspect(platform)}"
-  end
-
-  defp check_option!(_name, _platform, {:device_type, type})
-       when (is_binary(type) and type != "") or (is_atom(type) and type not in [true, false]),
-       do: :ok
-
-  defp check_option!(_name, _platform, {:plugin_path, path}) when is_binary(path) and path != "",
-    do: :ok
-
-  defp check_option!(name, _platform, {:xla_options, options}) do
-    unless (is_list(options) or is_map(options)) and Enum.all?(options, &xla_option?/1) do
-      raise ArgumentError,
-            "invalid :xla_options for EXLA client #{inspect(name)}: expected a keyword " <>
-              "list or map of XLA option names to booleans, integers, floats or strings, " <>
-              "got: #{inspect(options)}"
-    end
-
-    EXLA.XLAOptions.check_ranges!(options, name)
-  end
-
-  defp check_option!(name, _platform, {key, value}) do
-    raise ArgumentError,
-          "invalid #{inspect(key)} for EXLA client #{inspect(name)}: expected " <>
-            expected(key) <> ", got: #{inspect(value)}"
-  end
-
-  defp xla_option?({key, value}) when is_atom(key) or is_binary(key),
-    do: is_boolean(value) or is_number(value) or is_binary(value)
-
-  defp xla_option?(_), do: false
-
-  defp expected(:default_device_id), do: "a non-negative integer"
-  defp expected(:preallocate), do: "a boolean"
-  defp expected(:warm_up), do: "a boolean"
-  defp expected(:memory_fraction), do: "a number greater than 0 and at most 1"
-  defp expected(:plugin), do: "a path (string)"
-  defp expected(:device_count), do: "a positive integer"
-  defp expected(:device_type), do: ~s|a non-empty string or an atom, such as "tt"|
-  defp expected(:plugin_path), do: "the path of a PJRT plugin library (a non-empty string)"
-
-  @doc false
-  # The PJRT create options for validated client options (see
-  # `EXLA.Platform.create_options/2`).
-  def create_options(options) do
-    Platform.create_options(options, host_device_count(options))
-  end
-
-  @doc false
-  # The client's XLA options over the platform's defaults, as typed values
-  # sorted by name: the NIF keeps them with the client and every
-  # compilation on it overrides XLA's debug options with them.
-  def xla_compile_options(options) do
-    defaults = Platform.default_xla_options(Keyword.fetch!(options, :platform))
-
-    defaults
-    |> Map.new(fn {key, value} -> {to_string(key), value} end)
-    |> Map.merge(
-      Map.new(options[:xla_options] || [], fn {key, value} -> {to_string(key), value} end)
-    )
-    |> Enum.sort()
-    |> Enum.map(fn {name, value} -> {name, xla_option_value(value)} end)
-  end
-
-  defp xla_option_value(value) when is_boolean(value), do: {:bool, value}
-  defp xla_option_value(value) when is_integer(value), do: {:int64, value}
-  defp xla_option_value(value) when is_float(value), do: {:float, value}
-  defp xla_option_value(value) when is_binary(value), do: {:string, value}
-
-  @doc false
-  # The device count of a :host client with validated `options`: its
-  # :device_count, else the count XLA_FLAGS sets, else 1. XLA_FLAGS is read
-  # where the plugin reads it and `create!/3` checks it (the process
-  # environment, see "XLA options and XLA_FLAGS"), and parsed as that check
-  # parses it, so the count is never taken from a value the check did not see.
-  def host_device_count(options, flags \\ EXLA.NIF.xla_flags_env()) do
-    options[:device_count] || EXLA.XLAOptions.flags_device_count(flags) || 1
-  end
-
   ## Serialized creation
 
   @impl true
@@ -735,9 +482,17 @@ defmodule EXLA.Client do
     kind, reason -> {:raise, kind, reason, __STACKTRACE__}
   end
 
-  defp fetch_serialized(name, options) do
+  @doc false
+  # The client named `name`, created if needed; only ever called one
+  # caller at a time (see `fetch!/1`, and `EXLA.Platform.Discovery`, which
+  # counts a configured client's devices with it).
+  def fetch_serialized(name) do
     EXLA.Memo.get({__MODULE__, :client, name}, fn ->
-      options = validate_options!(name, options)
+      options =
+        client_config(Application.fetch_env!(:exla, :clients), name) ||
+          raise ArgumentError, "could not find EXLA client named #{inspect(name)}"
+
+      options = Options.validate!(name, options)
       client = build!(name, options)
       if options[:warm_up] and cpu_platform?(client.platform_name), do: WarmUp.start(client)
       client
@@ -755,8 +510,8 @@ defmodule EXLA.Client do
     platform = options[:platform]
     path = EXLA.Plugin.path!(platform, Keyword.take(options, [:plugin, :cpu_plugin]))
     EXLA.XLAOptions.check_options!(options[:xla_options] || [], path, name)
-    xla_options = xla_compile_options(options)
-    {ref, info} = create!(platform, path, create_options(options), xla_options)
+    xla_options = Options.xla_compile_options(options)
+    {ref, info} = create!(platform, path, Options.create_options(options), xla_options)
     device_count = length(info.devices)
 
     if device_count == 0 do
@@ -793,32 +548,22 @@ defmodule EXLA.Client do
     }
   end
 
-  defp create!(platform, path, create_options, xla_options) do
+  @doc false
+  # Creates a client of `platform` on the plugin at `path` and returns its
+  # reference and the plugin's information about it (also how
+  # `EXLA.Platform.Discovery` counts a platform's devices).
+  def create!(platform, path, create_options, xla_options) do
     EXLA.XLAOptions.check_flags!(EXLA.NIF.xla_flags_env(), path)
     plugin = EXLA.Plugin.load!(platform, path)
-    ref = plugin |> EXLA.NIF.client_create(create_options, xla_options) |> ok!()
-    info = ref |> EXLA.NIF.client_info() |> ok!()
+    ref = plugin |> EXLA.NIF.client_create(create_options, xla_options) |> EXLA.NIF.unwrap!()
+    info = ref |> EXLA.NIF.client_info() |> EXLA.NIF.unwrap!()
 
-    if cpu_platform?(info.platform_name) and
-         host_malloc_tuning?(System.get_env("EXLA_HOST_MALLOC_TUNING")) do
+    if cpu_platform?(info.platform_name) and Options.host_malloc_tuning?() do
       EXLA.NIF.host_heap_keep_freed_memory()
     end
 
     {ref, info}
   end
-
-  @doc false
-  # Whether the value of EXLA_HOST_MALLOC_TUNING leaves the tuning of the C
-  # heap on (see "Host memory" above): anything but an explicit no.
-  def host_malloc_tuning?(nil), do: true
-
-  def host_malloc_tuning?(value) when is_binary(value) do
-    String.downcase(String.trim(value)) not in ["false", "0", "no", "off"]
-  end
-
-  defp ok!({:ok, value}), do: value
-  defp ok!({:error, _} = error), do: EXLA.NIF.unwrap!(error)
-  defp ok!(value), do: value
 
   @doc false
   # Whether a plugin's platform name is the CPU's: the one test wherever
@@ -834,80 +579,5 @@ defmodule EXLA.Client do
           "#{path} reports platform #{inspect(platform_name)}"
       )
     end
-  end
-
-  ## Supported platforms
-
-  defp supported_serialized do
-    EXLA.Memo.get({__MODULE__, :supported_platforms}, fn ->
-      clients = Application.fetch_env!(:exla, :clients)
-
-      Enum.reduce(Platform.all(), %{}, fn platform, acc ->
-        case platform_device_count(platform, clients) do
-          nil -> acc
-          count -> Map.put(acc, platform, count)
-        end
-      end)
-    end)
-  end
-
-  defp platform_device_count(:host, clients) do
-    # The first :host client that gives its plugin, by path or by name.
-    plugin =
-      clients
-      |> clients_on(:host)
-      |> Enum.find_value([], fn {_, opts} ->
-        if opts[:plugin] || opts[:cpu_plugin], do: Keyword.take(opts, [:plugin, :cpu_plugin])
-      end)
-
-    if EXLA.Plugin.available?(:host, plugin) do
-      host_device_count([])
-    end
-  end
-
-  # When the platform's plugin is found, a configured client of the platform
-  # is created (it is the one that will be used); without one, a client with
-  # default options is created only to count the devices.
-  defp platform_device_count(platform, clients) do
-    configured = clients_on(clients, platform)
-    plugin = configured_plugin(configured, platform)
-
-    with true <- EXLA.Plugin.may_have_devices?(platform, plugin: plugin),
-         {:ok, path} <- EXLA.Plugin.find(platform, plugin: plugin) do
-      case configured do
-        [{name, options} | _] -> fetch_serialized(name, options).device_count
-        [] -> probe_device_count(platform, path)
-      end
-    else
-      false -> nil
-      {:error, _} -> nil
-    end
-  rescue
-    e ->
-      Logger.warning(
-        "EXLA found a PJRT plugin for #{inspect(platform)} but cannot use it: " <>
-          Exception.message(e)
-      )
-
-      nil
-  end
-
-  defp probe_device_count(platform, path) do
-    options = validate_options!(platform, platform: platform, preallocate: false)
-    {_ref, info} = create!(platform, path, create_options(options), [])
-    if info.devices != [], do: length(info.devices)
-  end
-
-  # The plugin that the first of `configured` clients naming one names.
-  defp configured_plugin(configured, platform) do
-    option = Platform.plugin_option(platform)
-    Enum.find_value(configured, fn {_, opts} -> opts[option] end)
-  end
-
-  defp clients_on(clients, platform) do
-    for {name, options} <- clients,
-        Keyword.keyword?(options),
-        Keyword.get(options, :platform, :host) == platform,
-        do: {name, options}
   end
 end

@@ -129,6 +129,7 @@ defmodule EXLA.CompileCache do
   require Logger
 
   alias EXLA.Executable
+  alias EXLA.Executable.Serialized
   alias EXLA.CompileCache.{Config, Usage}
   @suffix ".exla"
   # Temporary files older than this are left over by VMs that died while
@@ -213,7 +214,7 @@ defmodule EXLA.CompileCache do
       Application.spec(:exla, :vsn),
       EXLA.Executable.Sealed.version(),
       :crypto.hash(:sha256, mlir),
-      Executable.target(client, device_id),
+      Serialized.target(client, device_id),
       device_id,
       opts[:num_replicas] || 1,
       opts[:num_partitions] || 1,
@@ -298,7 +299,7 @@ defmodule EXLA.CompileCache do
   # The sealed executable, or nil when the plugin cannot serialize it (the
   # program runs all the same).
   defp seal(executable, metadata, path) do
-    Executable.seal(executable, metadata)
+    Serialized.seal(executable, metadata)
   rescue
     e in [ArgumentError, RuntimeError] ->
       warn_once(path, "could not serialize a program for #{path}: #{Exception.message(e)}")

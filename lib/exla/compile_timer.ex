@@ -7,7 +7,7 @@ defmodule EXLA.CompileTimer do
   # took; the stages are timed where they happen (the lowering, the
   # plugin's compile, the disk cache) with `measure/2`, which adds to the
   # collection of the calling process. A compilation runs in one process
-  # (the caller, or the process that `EXLA.Defn.LockedCache` lets compute),
+  # (the caller, or the process that `EXLA.LockedCache` lets compute),
   # so the stages need not be threaded through every function between;
   # outside a collection `measure/2` only runs its function.
 

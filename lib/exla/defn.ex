@@ -10,7 +10,8 @@ defmodule EXLA.Defn do
   # looks it up in `:persistent_term` and runs the executable: no
   # expression is built and nothing is lowered.
 
-  alias EXLA.Defn.{Call, Compilation, Compiled, LockedCache}
+  alias EXLA.Defn.{Call, Compilation, Compiled}
+  alias EXLA.LockedCache
 
   @mode_key {__MODULE__, :mode}
   @throw_tag {__MODULE__, :result}

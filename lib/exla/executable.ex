@@ -53,7 +53,7 @@ defmodule EXLA.Executable do
 
   require EXLA.Remote, as: Remote
   alias EXLA.{DeviceBuffer, NIF, Placement, Shape}
-  alias EXLA.Executable.Sealed
+  alias EXLA.Executable.Serialized
   alias EXLA.MLIR.{Facts, Program}
 
   @enforce_keys [:ref, :client, :device_id, :input_shapes, :output_shapes, :facts]
@@ -175,9 +175,11 @@ defmodule EXLA.Executable do
     ref |> NIF.executable_output_shapes() |> Enum.map(&Shape.from_spec/1)
   end
 
+  @doc false
   # The devices an executable runs on and where its runs happen, decided
-  # from its facts by this VM's policy (see "Where programs run").
-  defp place(%__MODULE__{num_replicas: replicas, num_partitions: partitions} = executable) do
+  # from its facts by this VM's policy (see "Where programs run"); also
+  # for an executable just loaded (EXLA.Executable.Serialized).
+  def place(%__MODULE__{num_replicas: replicas, num_partitions: partitions} = executable) do
     devices =
       if replicas * partitions == 1,
         do: [executable.device_id],
@@ -239,7 +241,7 @@ defmodule EXLA.Executable do
   end
 
   def run(%__MODULE__{ref: ref} = executable, inputs, opts) when not Remote.local?(ref),
-    do: executable |> local!() |> run(inputs, opts)
+    do: executable |> Remote.local_executable!() |> run(inputs, opts)
 
   def run(%__MODULE__{devices: devices} = executable, lists, opts)
       when is_list(lists) and length(lists) == length(devices) and length(devices) > 1 do
@@ -313,30 +315,7 @@ defmodule EXLA.Executable do
   loads back into a client of the same plugin file, platform and kind of
   device, on a CPU with the same features for the host.
   """
-  def serialize(%__MODULE__{} = executable), do: seal(executable, %{})
-
-  @doc false
-  # The sealed form of `executable`, with `extra` metadata (the compile
-  # cache records its key there). Another node's executable is sealed by
-  # its owner.
-  def seal(%__MODULE__{ref: ref} = executable, extra) when not Remote.local?(ref),
-    do: Remote.call!(node(ref), __MODULE__, :__on_owner__, [:seal, [executable, extra]])
-
-  def seal(%__MODULE__{} = executable, extra) when is_map(extra) do
-    blob = NIF.async!(&NIF.executable_serialize(executable.ref, &1))
-
-    metadata = %{
-      target: target(executable.client, executable.device_id),
-      input_shapes: executable.input_shapes,
-      output_shapes: executable.output_shapes,
-      num_replicas: executable.num_replicas,
-      num_partitions: executable.num_partitions,
-      device_id: executable.device_id,
-      facts: executable.facts
-    }
-
-    Sealed.seal(Map.merge(extra, metadata), blob)
-  end
+  defdelegate serialize(executable), to: Serialized
 
   @doc """
   Loads an executable made by `serialize/1` into `client`.
@@ -344,33 +323,7 @@ defmodule EXLA.Executable do
   Raises `ArgumentError` when the binary is not one, is damaged, or was
   made for another target (see `load_binary/3`); nothing is loaded then.
   """
-  def deserialize(client, binary) when is_binary(binary) do
-    case open(client, binary, %{}) do
-      {:ok, executable, _metadata} ->
-        executable
-
-      {:error, :other_target, message} ->
-        EXLA.NativeLog.integrity_failure(
-          "serialized executable",
-          "it was made by another PJRT plugin or for another target",
-          plugin: client.plugin_path
-        )
-
-        raise ArgumentError, message
-
-      {:error, kind, message} ->
-        raise_unloadable!(kind, message)
-    end
-  end
-
-  # A binary that is damaged (reported as an integrity failure) or not one
-  # of serialize/1's.
-  defp raise_unloadable!(:damaged, message) do
-    EXLA.NativeLog.integrity_failure("serialized executable", "its checksum does not match")
-    raise ArgumentError, message
-  end
-
-  defp raise_unloadable!(:invalid, message), do: raise(ArgumentError, message)
+  defdelegate deserialize(client, binary), to: Serialized
 
   @doc """
   Dumps the executable into a map that `load/2` loads back, as EXLA 0.13
@@ -399,14 +352,7 @@ defmodule EXLA.Executable do
       true
 
   """
-  def dump(%__MODULE__{} = executable) do
-    %{
-      serialized: serialize(executable),
-      device_id: executable.device_id,
-      num_replicas: executable.num_replicas,
-      num_partitions: executable.num_partitions
-    }
-  end
+  defdelegate dump(executable), to: Serialized
 
   @doc """
   Loads into `client` an executable that `dump/1` dumped (or the binary
@@ -416,16 +362,7 @@ defmodule EXLA.Executable do
   is damaged, or when it was made for another target (see
   `load_binary/3`).
   """
-  def load(client, data)
-
-  def load(client, %{serialized: binary}) when is_binary(binary), do: deserialize(client, binary)
-  def load(client, binary) when is_binary(binary), do: deserialize(client, binary)
-
-  def load(_client, other) do
-    raise ArgumentError,
-          "expected the map of EXLA.Executable.dump/1 (or a binary of serialize/1), " <>
-            "got: #{inspect(other, limit: 5, printable_limit: 64)}"
-  end
+  defdelegate load(client, data), to: Serialized
 
   @doc """
   Loads an executable made by `serialize/1` into `client`, returning
@@ -444,188 +381,5 @@ defmodule EXLA.Executable do
   error and says where the binary came from (the compile cache warns
   naming its file).
   """
-  def load_binary(client, binary, expected \\ %{}) when is_binary(binary) and is_map(expected) do
-    with {:error, _reason, message} <- open(client, binary, expected) do
-      {:error, message}
-    end
-  end
-
-  @doc false
-  # Loads a sealed executable (`serialize/1`'s binary) into `client`:
-  # `{:ok, executable}`, or `{:error, :other_plugin}` when it was made by
-  # another plugin or for another target (it would load and compute
-  # garbage). A damaged binary raises `ArgumentError` (reported as by
-  # deserialize/2).
-  def load_sealed(client, binary) when is_binary(binary) do
-    case open(client, binary, %{}) do
-      {:ok, executable, _metadata} ->
-        {:ok, executable}
-
-      {:error, :other_target, _message} ->
-        {:error, :other_plugin}
-
-      {:error, kind, message} ->
-        raise_unloadable!(kind, message)
-    end
-  end
-
-  # The one place that loads sealed executables: `{:ok, executable,
-  # metadata}`, or `{:error, :damaged | :invalid | :other_target, message}`.
-  defp open(client, binary, expected) do
-    client = EXLA.Client.local(client)
-
-    with {:ok, meta, blob} <- Sealed.open(binary),
-         :ok <- invalid(check_expected(meta, expected)),
-         :ok <- check_target(client, meta) do
-      deserialize_blob(client, meta, blob)
-    end
-  end
-
-  defp invalid({:error, message}), do: {:error, :invalid, message}
-  defp invalid(ok), do: ok
-
-  defp check_expected(meta, expected) do
-    case Enum.find(expected, fn {key, value} -> Map.get(meta, key) != value end) do
-      nil ->
-        :ok
-
-      {key, _value} ->
-        {:error,
-         "it holds another program, or one compiled with other options " <>
-           "(its #{inspect(key)} differs)"}
-    end
-  end
-
-  defp check_target(client, %{target: target, device_id: device_id, facts: %Facts{}})
-       when is_integer(device_id) and device_id >= 0 do
-    cond do
-      device_id >= client.device_count ->
-        {:error, :invalid,
-         "the executable was compiled for device #{device_id}, but client " <>
-           "#{inspect(client.name)} has #{client.device_count} device(s)"}
-
-      target != target(client, device_id) ->
-        {:error, :other_target,
-         "the executable was serialized by another PJRT plugin or for another target " <>
-           "(platform, device kind or CPU features) than client #{inspect(client.name)}'s; " <>
-           "compile it again"}
-
-      true ->
-        :ok
-    end
-  end
-
-  defp check_target(_client, _meta),
-    do:
-      {:error, :invalid,
-       "the serialized executable does not say what it was compiled for and what it does"}
-
-  defp deserialize_blob(client, meta, blob) do
-    %{input_shapes: input_shapes, device_id: device_id, facts: facts} = meta
-    specs = Enum.map(input_shapes, &Shape.to_spec/1)
-    ref = NIF.async!(&NIF.executable_deserialize(client.ref, blob, specs, device_id, &1))
-
-    executable =
-      place(%__MODULE__{
-        ref: ref,
-        client: client,
-        device_id: device_id,
-        input_shapes: input_shapes,
-        output_shapes: meta.output_shapes,
-        facts: facts,
-        num_replicas: meta.num_replicas,
-        num_partitions: meta.num_partitions
-      })
-
-    {:ok, executable, meta}
-  rescue
-    e in [ArgumentError, RuntimeError] ->
-      {:error, :invalid, "the plugin could not load the executable: " <> Exception.message(e)}
-  end
-
-  @doc false
-  # What an executable depends on besides its program: the plugin file and
-  # its API version, the platform and the kind of device it runs on, and on
-  # the CPU, the CPU's features (XLA:CPU generates code for the features of
-  # the machine that compiles). Computed once per client and device.
-  def target(%EXLA.Client{} = client, device_id) do
-    EXLA.Memo.get({__MODULE__, :target, client.name, device_id}, fn ->
-      info = NIF.unwrap!(NIF.client_info(client.ref))
-      %{kind: kind} = Enum.at(info.devices, device_id)
-      platform = String.downcase(info.platform_name)
-
-      %{
-        plugin: EXLA.Plugin.fingerprint(client.plugin_path),
-        api_version: {info.api_major, info.api_minor},
-        platform: {platform, info.platform_version},
-        device_kind: kind,
-        cpu: if(EXLA.Client.cpu_platform?(platform), do: cpu_features())
-      }
-    end)
-  end
-
-  # The CPU's feature flags as Linux reports them (x86 "flags", Arm
-  # "Features"), hashed; elsewhere the system architecture.
-  defp cpu_features do
-    features =
-      with {:ok, info} <- File.read("/proc/cpuinfo"),
-           [_, flags] <- Regex.run(~r/^(?:flags|Features)\s*:\s*(.*)$/m, info) do
-        flags |> String.split() |> Enum.sort() |> Enum.join(" ")
-      else
-        _ -> List.to_string(:erlang.system_info(:system_architecture))
-      end
-
-    Base.encode16(:crypto.hash(:sha256, features), case: :lower)
-  end
-
-  @doc false
-  # The executable itself, or this node's copy of another node's.
-  def local!(%__MODULE__{ref: ref} = executable) when Remote.local?(ref), do: executable
-  def local!(%__MODULE__{} = executable), do: load_remote!(executable)
-
-  @doc false
-  # This node's copy of an executable made on another node (see
-  # "Executables of other nodes"): loaded once, and kept under the owner's
-  # reference with the programs of EXLA.Backend (bounded). Raises when it
-  # cannot be loaded.
-  def load_remote!(%__MODULE__{ref: ref} = executable) do
-    load = fn ->
-      case load_remote(executable) do
-        {:ok, local} -> local
-        {:error, message} -> raise ArgumentError, message
-      end
-    end
-
-    {_hit_or_miss, local} = EXLA.Defn.LockedCache.run({__MODULE__, :remote, ref}, load, :bounded)
-    local
-  end
-
-  @doc false
-  # Loads an executable of another node from the sealed form its owner
-  # serializes: `{:ok, executable}`, or `{:error, message}` when the owner
-  # cannot be reached, has freed it, or this node's plugin differs.
-  def load_remote(%__MODULE__{ref: ref, client: client} = executable) do
-    owner = node(ref)
-    client = EXLA.Client.local(client)
-
-    with {:ok, sealed} <- serialize_on_owner(executable),
-         {:error, :other_plugin} <- load_sealed(client, sealed) do
-      {:error,
-       "the executable was compiled on node #{inspect(owner)} by another PJRT plugin than " <>
-         "the one of client #{inspect(client.name)} on #{inspect(node())}"}
-    end
-  end
-
-  defp serialize_on_owner(executable) do
-    {:ok, serialize(executable)}
-  rescue
-    e in RuntimeError -> {:error, Exception.message(e)}
-  end
-
-  @doc false
-  # The owner's side of a call from another node (see EXLA.Remote).
-  def __on_owner__(:seal, [%__MODULE__{ref: ref} = executable, extra]) do
-    Remote.alive!(ref, :executable)
-    seal(executable, extra)
-  end
+  defdelegate load_binary(client, binary, expected \\ %{}), to: Serialized
 end

@@ -58,9 +58,12 @@ defmodule EXLA.HostCallback do
   @taken 1
   @ended 2
 
-  # The shape of the chain's buffer: the chain's MLIR type, as a shape when
-  # this module compiles.
-  @chain_shape EXLA.MLIR.Type.to_shape(EXLA.Defn.Lowering.HostCalls.chain_type())
+  # The chain: the session's id, a u64 scalar (the NIF reads it so).
+  @chain_type {:u, 64}
+  @chain_shape EXLA.Shape.make_shape(@chain_type, {})
+
+  @doc "The type of the chain, the last parameter of a program with host callbacks."
+  def chain_type, do: @chain_type
 
   @doc """
   Registers the callback handler with the plugin of `client`; needed once
@@ -109,7 +112,7 @@ defmodule EXLA.HostCallback do
   """
   def start!(exe, buffers, sites, opts \\ []) do
     # Resources of other nodes are brought here first (see EXLA.Remote).
-    %{client: client, device_id: device_id} = exe = EXLA.Executable.local!(exe)
+    %{client: client, device_id: device_id} = exe = EXLA.Remote.local_executable!(exe)
     # Arguments are placed as a run's are, before the session opens.
     refs = EXLA.Executable.argument_refs(buffers, client, device_id)
     {session, id} = NIF.callback_session(self())

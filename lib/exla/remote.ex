@@ -21,12 +21,14 @@ defmodule EXLA.Remote do
   #     name (`EXLA.Client.local/1`);
   #
   #   * an executable of another node is loaded from its owner's serialized
-  #     form (see `EXLA.Executable`).
+  #     form (`local_executable!/1`, see `EXLA.Executable`).
   #
   # The memory of a buffer stays on its owner for as long as some process
   # there holds the tensor. A tensor that only other nodes hold is freed on
   # its owner by the garbage collector, and reading it then raises an error
   # that says so; so is one whose owner stopped or is not connected.
+
+  alias EXLA.Executable.Serialized
 
   @doc "Whether `ref` (a resource's reference) belongs to this node."
   defguard local?(ref) when node(ref) == node()
@@ -72,5 +74,51 @@ defmodule EXLA.Remote do
     end
 
     :ok
+  end
+
+  ## Executables
+
+  @doc false
+  # The executable itself, or this node's copy of another node's.
+  def local_executable!(%{ref: ref} = executable) when local?(ref), do: executable
+  def local_executable!(executable), do: load_executable!(executable)
+
+  @doc false
+  # This node's copy of an executable made on another node (see
+  # "Executables of other nodes" in EXLA.Executable): loaded once, and kept
+  # under the owner's reference with the programs of EXLA.Backend
+  # (bounded). Raises when it cannot be loaded.
+  def load_executable!(%{ref: ref} = executable) do
+    load = fn ->
+      case load_executable(executable) do
+        {:ok, local} -> local
+        {:error, message} -> raise ArgumentError, message
+      end
+    end
+
+    {_hit_or_miss, local} = EXLA.LockedCache.run({__MODULE__, :executable, ref}, load, :bounded)
+    local
+  end
+
+  @doc false
+  # Loads an executable of another node from the sealed form its owner
+  # serializes: `{:ok, executable}`, or `{:error, message}` when the owner
+  # cannot be reached, has freed it, or this node's plugin differs.
+  def load_executable(%{ref: ref, client: client} = executable) do
+    owner = node(ref)
+    client = EXLA.Client.local(client)
+
+    with {:ok, sealed} <- serialize_on_owner(executable),
+         {:error, :other_plugin} <- Serialized.load_sealed(client, sealed) do
+      {:error,
+       "the executable was compiled on node #{inspect(owner)} by another PJRT plugin than " <>
+         "the one of client #{inspect(client.name)} on #{inspect(node())}"}
+    end
+  end
+
+  defp serialize_on_owner(executable) do
+    {:ok, Serialized.serialize(executable)}
+  rescue
+    e in RuntimeError -> {:error, Exception.message(e)}
   end
 end

@@ -6,6 +6,8 @@ defmodule EXLA.ClientTest do
   import EXLA.TestClients, only: [creation_error: 1]
 
   alias EXLA.Client
+  alias EXLA.Client.Options
+  alias EXLA.Platform.Discovery
 
   doctest EXLA.Client
 
@@ -25,7 +27,7 @@ defmodule EXLA.ClientTest do
       client = Client.fetch!(:host)
 
       assert %Client{name: :host, platform: :host, default_device_id: 0} = client
-      assert client.device_count == Client.host_device_count([])
+      assert client.device_count == Options.host_device_count([])
       assert client.platform_name == "cpu"
       assert is_binary(client.platform_version)
       assert File.regular?(client.plugin_path)
@@ -115,12 +117,12 @@ defmodule EXLA.ClientTest do
     test "takes the XLA_FLAGS device count from the process environment only" do
       name = unique_name(:xla_flags_vm_env)
       put_clients([{name, [platform: :host]}])
-      from_process = Client.host_device_count([], EXLA.NIF.xla_flags_env())
+      from_process = Options.host_device_count([], EXLA.NIF.xla_flags_env())
 
       # A value only the VM's copy holds would be a count the XLA_FLAGS
       # check never saw.
       with_env("XLA_FLAGS", "--xla_force_host_platform_device_count=3", fn ->
-        assert Client.host_device_count([]) == from_process
+        assert Options.host_device_count([]) == from_process
         assert Client.fetch!(name).device_count == from_process
       end)
     end
@@ -177,7 +179,7 @@ defmodule EXLA.ClientTest do
   describe "default_name/0 and get_supported_platforms/0" do
     test "the host is supported with its devices" do
       platforms = Client.get_supported_platforms()
-      assert platforms[:host] == Client.host_device_count([])
+      assert platforms[:host] == Options.host_device_count([])
       assert Enum.all?(platforms, fn {_, count} -> is_integer(count) and count > 0 end)
       assert Client.get_supported_platforms() == platforms
     end
@@ -204,19 +206,19 @@ defmodule EXLA.ClientTest do
       ]
 
       preferred = [:cuda, :rocm, :tpu, :host]
-      assert Client.choose_default(clients, preferred, %{host: 1}) == :host
-      assert Client.choose_default(clients, preferred, %{host: 1, rocm: 2}) == :rocm
-      assert Client.choose_default(clients, preferred, %{host: 1, cuda: 1, tpu: 4}) == :cuda
+      assert Discovery.choose_default(clients, preferred, %{host: 1}) == :host
+      assert Discovery.choose_default(clients, preferred, %{host: 1, rocm: 2}) == :rocm
+      assert Discovery.choose_default(clients, preferred, %{host: 1, cuda: 1, tpu: 4}) == :cuda
       # a client without :platform is on the host
-      assert Client.choose_default(clients, [:other, :host], %{host: 1}) == :other
+      assert Discovery.choose_default(clients, [:other, :host], %{host: 1}) == :other
 
       assert_raise ArgumentError, "unknown client :nope given as :preferred_clients", fn ->
-        Client.choose_default(clients, [:nope, :host], %{host: 1})
+        Discovery.choose_default(clients, [:nope, :host], %{host: 1})
       end
 
       error =
         assert_raise RuntimeError, ~r/could not find a default client for EXLA/, fn ->
-          Client.choose_default(clients, [:cuda, :tpu], %{host: 1})
+          Discovery.choose_default(clients, [:cuda, :tpu], %{host: 1})
         end
 
       # it says how to provide a plugin
@@ -225,7 +227,7 @@ defmodule EXLA.ClientTest do
     end
   end
 
-  describe "validate_options!/2" do
+  describe "Options.validate!/2" do
     test "fills in the defaults" do
       defaults = [
         platform: :host,
@@ -237,10 +239,9 @@ defmodule EXLA.ClientTest do
         warm_up: true
       ]
 
-      assert Enum.sort(Client.validate_options!(:a, [])) == Enum.sort(defaults)
+      assert Enum.sort(Options.validate!(:a, [])) == Enum.sort(defaults)
 
-      options =
-        Client.validate_options!(:a, platform: :cuda, memory_fraction: 1, preallocate: false)
+      options = Options.validate!(:a, platform: :cuda, memory_fraction: 1, preallocate: false)
 
       assert options[:memory_fraction] === 1.0
       assert options[:preallocate] == false
@@ -267,11 +268,11 @@ defmodule EXLA.ClientTest do
       ]
 
       for {options, message} <- invalid do
-        assert_raise ArgumentError, message, fn -> Client.validate_options!(:a, options) end
+        assert_raise ArgumentError, message, fn -> Options.validate!(:a, options) end
       end
 
       assert_raise ArgumentError, ~r/to be a keyword list, got: %{}/, fn ->
-        Client.validate_options!(:a, %{})
+        Options.validate!(:a, %{})
       end
     end
   end
@@ -438,7 +439,7 @@ defmodule EXLA.ClientTest do
       ])
 
       # The answer is computed once per VM: computed again here.
-      key = {EXLA.Client, :supported_platforms}
+      key = {EXLA.Platform.Discovery, :supported_platforms}
       :persistent_term.erase(key)
 
       try do
@@ -446,20 +447,24 @@ defmodule EXLA.ClientTest do
         assert platforms[:pjrt_plugin] == Client.fetch!(name).device_count
         assert platforms[:host] == previous[:host]
 
-        assert Client.choose_default(Application.fetch_env!(:exla, :clients), [name], platforms) ==
+        assert Discovery.choose_default(
+                 Application.fetch_env!(:exla, :clients),
+                 [name],
+                 platforms
+               ) ==
                  name
       after
         :persistent_term.put(key, previous)
       end
 
       options =
-        Client.validate_options!(:a,
+        Options.validate!(:a,
           platform: :pjrt_plugin,
           device_type: "x",
           plugin_path: "/x.so"
         )
 
-      assert Client.create_options(options) == []
+      assert Options.create_options(options) == []
     end
 
     test "requires :device_type and :plugin_path, valid, and only there" do
@@ -483,11 +488,10 @@ defmodule EXLA.ClientTest do
       ]
 
       for {options, message} <- invalid do
-        assert_raise ArgumentError, message, fn -> Client.validate_options!(:a, options) end
+        assert_raise ArgumentError, message, fn -> Options.validate!(:a, options) end
       end
 
-      options =
-        Client.validate_options!(:a, platform: :pjrt_plugin, device_type: :tt, plugin_path: path)
+      options = Options.validate!(:a, platform: :pjrt_plugin, device_type: :tt, plugin_path: path)
 
       assert options[:device_type] == "tt"
       assert options[:plugin] == path
@@ -509,19 +513,19 @@ defmodule EXLA.ClientTest do
     test "host clients pass only an int64 device count" do
       # Without :device_count, the count is XLA_FLAGS's (see the tests of
       # host_device_count/2), which this VM's process environment decides.
-      options = Client.validate_options!(:a, platform: :host, memory_fraction: 0.5)
-      count = Client.host_device_count([])
-      assert Client.create_options(options) == [{"cpu_device_count", {:int64, count}}]
+      options = Options.validate!(:a, platform: :host, memory_fraction: 0.5)
+      count = Options.host_device_count([])
+      assert Options.create_options(options) == [{"cpu_device_count", {:int64, count}}]
 
-      options = Client.validate_options!(:a, platform: :host, device_count: 8)
-      assert Client.create_options(options) == [{"cpu_device_count", {:int64, 8}}]
+      options = Options.validate!(:a, platform: :host, device_count: 8)
+      assert Options.create_options(options) == [{"cpu_device_count", {:int64, 8}}]
     end
 
     test "GPU clients pass a bool and a float" do
       for platform <- [:cuda, :rocm] do
-        options = Client.validate_options!(:a, platform: platform, memory_fraction: 1)
+        options = Options.validate!(:a, platform: platform, memory_fraction: 1)
 
-        assert Client.create_options(options) == [
+        assert Options.create_options(options) == [
                  {"preallocate", {:bool, true}},
                  {"memory_fraction", {:float, 1.0}}
                ]
@@ -529,46 +533,48 @@ defmodule EXLA.ClientTest do
     end
 
     test "TPU clients pass nothing" do
-      assert Client.create_options(Client.validate_options!(:a, platform: :tpu)) == []
+      assert Options.create_options(Options.validate!(:a, platform: :tpu)) == []
     end
   end
 
   describe "EXLA_HOST_MALLOC_TUNING" do
     test "tunes the C heap unless it says no" do
       for value <- [nil, "", "true", "1", "yes"] do
-        assert Client.host_malloc_tuning?(value), inspect(value)
+        assert with_env("EXLA_HOST_MALLOC_TUNING", value, &Options.host_malloc_tuning?/0),
+               inspect(value)
       end
 
       for value <- ["false", "0", "no", "OFF", " False "] do
-        refute Client.host_malloc_tuning?(value), inspect(value)
+        refute with_env("EXLA_HOST_MALLOC_TUNING", value, &Options.host_malloc_tuning?/0),
+               inspect(value)
       end
     end
   end
 
   describe ":xla_options" do
     test "are merged over the platform defaults and sent as compile overrides" do
-      host = Client.validate_options!(:a, platform: :host)
-      assert Client.xla_compile_options(host) == [{"xla_cpu_use_xnnpack", {:bool, false}}]
+      host = Options.validate!(:a, platform: :host)
+      assert Options.xla_compile_options(host) == [{"xla_cpu_use_xnnpack", {:bool, false}}]
 
       mine =
-        Client.validate_options!(:a,
+        Options.validate!(:a,
           platform: :host,
           xla_options: [xla_cpu_use_xnnpack: true, xla_cpu_enable_fast_math: false]
         )
 
-      assert Client.xla_compile_options(mine) == [
+      assert Options.xla_compile_options(mine) == [
                {"xla_cpu_enable_fast_math", {:bool, false}},
                {"xla_cpu_use_xnnpack", {:bool, true}}
              ]
 
-      tpu = Client.validate_options!(:a, platform: :tpu, xla_options: %{"xla_dump_to" => "/tmp"})
-      assert Client.xla_compile_options(tpu) == [{"xla_dump_to", {:string, "/tmp"}}]
+      tpu = Options.validate!(:a, platform: :tpu, xla_options: %{"xla_dump_to" => "/tmp"})
+      assert Options.xla_compile_options(tpu) == [{"xla_dump_to", {:string, "/tmp"}}]
     end
 
     test "are validated" do
       for bad <- [:yes, [xla_cpu_use_xnnpack: :maybe], [{"x", [1]}]] do
         assert_raise ArgumentError, ~r/invalid :xla_options for EXLA client :a/, fn ->
-          Client.validate_options!(:a, platform: :host, xla_options: bad)
+          Options.validate!(:a, platform: :host, xla_options: bad)
         end
       end
     end
@@ -637,12 +643,12 @@ defmodule EXLA.ClientTest do
     end
 
     test "host_device_count/2 prefers :device_count, then XLA_FLAGS, then 1" do
-      assert Client.host_device_count([], nil) == 1
-      assert Client.host_device_count([device_count: 5], nil) == 5
+      assert Options.host_device_count([], nil) == 1
+      assert Options.host_device_count([device_count: 5], nil) == 5
 
       flags = "--xla_force_host_platform_device_count=6"
-      assert Client.host_device_count([], flags) == 6
-      assert Client.host_device_count([device_count: 5], flags) == 5
+      assert Options.host_device_count([], flags) == 6
+      assert Options.host_device_count([device_count: 5], flags) == 5
     end
   end
 

@@ -214,7 +214,7 @@ defmodule EXLA.NativeLogTest do
     assert collect() == []
 
     assert_raise ArgumentError, ~r/damaged/, fn ->
-      EXLA.Executable.load_sealed(client, damaged)
+      EXLA.Executable.Serialized.load_sealed(client, damaged)
     end
 
     assert [{:warning, "exla::integrity", _, meta}] = collect()

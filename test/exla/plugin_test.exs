@@ -464,10 +464,10 @@ defmodule EXLA.PluginTest do
              ~r/:cpu_plugin option of EXLA client :c is only supported by :host clients/},
             {[cpu_plugin: @lammps, plugin: "/a.so"], ~r/gives both :plugin and :cpu_plugin/}
           ] do
-        assert_raise ArgumentError, expected, fn -> EXLA.Client.validate_options!(:c, options) end
+        assert_raise ArgumentError, expected, fn -> EXLA.Client.Options.validate!(:c, options) end
       end
 
-      assert EXLA.Client.validate_options!(:c, cpu_plugin: @lammps)[:cpu_plugin] == @lammps
+      assert EXLA.Client.Options.validate!(:c, cpu_plugin: @lammps)[:cpu_plugin] == @lammps
     end
 
     test "a plugin without a wheel for this machine says which plugins have one" do

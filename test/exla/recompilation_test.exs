@@ -6,7 +6,7 @@ defmodule EXLA.RecompilationTest do
 
   setup do
     # Counts of earlier tests start from zero (the table is EXLA's, public).
-    :ets.delete_all_objects(EXLA.Recompilation)
+    :ets.delete_all_objects(EXLA.Defn.Recompilation)
     on_exit(fn -> Application.delete_env(:exla, :check_recompilation) end)
   end
 

@@ -144,23 +144,23 @@ defmodule EXLA.ShardJitTest do
   end
 
   test "the Shardy annotations of an Nx.Mesh" do
-    assert EXLA.Sharding.sdy_mesh("mesh", {2, 1}) ==
+    assert EXLA.Defn.Sharding.sdy_mesh("mesh", {2, 1}) ==
              ~s(sdy.mesh @mesh = <["axis_0"=2, "axis_1"=1]>)
 
-    assert EXLA.Sharding.sdy_mesh("3d mesh", {2}) == ~s(sdy.mesh @"3d mesh" = <["axis_0"=2]>)
-    assert EXLA.Sharding.sdy_mesh(~s(a"b\\c\n), {2}) =~ ~S(@"a\"b\\c\0A")
+    assert EXLA.Defn.Sharding.sdy_mesh("3d mesh", {2}) == ~s(sdy.mesh @"3d mesh" = <["axis_0"=2]>)
+    assert EXLA.Defn.Sharding.sdy_mesh(~s(a"b\\c\n), {2}) =~ ~S(@"a\"b\\c\0A")
 
-    assert EXLA.Sharding.sdy_sharding("m", [[1, 0], [], [2]]) ==
+    assert EXLA.Defn.Sharding.sdy_sharding("m", [[1, 0], [], [2]]) ==
              ~s(#sdy.sharding<@m, [{"axis_1", "axis_0"}, {}, {"axis_2"}]>)
   end
 
   test "the annotations of a mesh" do
-    assert EXLA.Sharding.annotation(%{}, 2, {2}) == "{replicated}"
-    assert EXLA.Sharding.annotation(%{0 => 0}, 2, {2}) == "{devices=[2,1]0,1}"
-    assert EXLA.Sharding.annotation(%{1 => 0}, 2, {4}) == "{devices=[1,4]0,1,2,3}"
-    assert EXLA.Sharding.annotation(%{0 => 1, 1 => 0}, 2, {2, 2}) == "{devices=[2,2]0,2,1,3}"
+    assert EXLA.Defn.Sharding.annotation(%{}, 2, {2}) == "{replicated}"
+    assert EXLA.Defn.Sharding.annotation(%{0 => 0}, 2, {2}) == "{devices=[2,1]0,1}"
+    assert EXLA.Defn.Sharding.annotation(%{1 => 0}, 2, {4}) == "{devices=[1,4]0,1,2,3}"
+    assert EXLA.Defn.Sharding.annotation(%{0 => 1, 1 => 0}, 2, {2, 2}) == "{devices=[2,2]0,2,1,3}"
 
-    assert EXLA.Sharding.annotation(%{0 => 1}, 1, {2, 2}) ==
+    assert EXLA.Defn.Sharding.annotation(%{0 => 1}, 1, {2, 2}) ==
              "{devices=[2,2]0,2,1,3 last_tile_dim_replicate}"
   end
 

@@ -108,7 +108,7 @@ defmodule EXLA.XLAOptionsTest do
                "xla_cpu_parallel_codegen_split_count must be an integer between 1 and 1024, got: -1"
 
       assert_raise ArgumentError, ~r/between 1 and 1024/, fn ->
-        EXLA.Client.validate_options!(:a, xla_options: [xla_cpu_parallel_codegen_split_count: 0])
+        EXLA.Client.Options.validate!(:a, xla_options: [xla_cpu_parallel_codegen_split_count: 0])
       end
     end
 

@@ -9,19 +9,20 @@ defmodule EXLA.Defn.Compilation do
   # The result is an `EXLA.Defn.Compiled` struct holding the executable, the
   # shapes of the inputs, the output templates and a function that turns the
   # output buffers into the result container. Compilation emits the
-  # telemetry events (see EXLA.CompileReport).
+  # telemetry events (see EXLA.Defn.CompileReport).
   #
   # The cache key is the function's key (given by `Nx.Defn`), the type,
   # shape, names and vectorized axes of every argument, and the options
   # (which include the client and device). Caches are
-  # `EXLA.Defn.LockedCache`: concurrent callers of the same key wait for one
+  # `EXLA.LockedCache`: concurrent callers of the same key wait for one
   # compilation. Running a compiled function is `EXLA.Defn.Call`'s business.
 
   require Logger
 
   alias Nx.Tensor, as: T
   alias Nx.Defn.Composite
-  alias EXLA.Defn.{Call, Compiled, LockedCache}
+  alias EXLA.Defn.{Call, Compiled}
+  alias EXLA.LockedCache
 
   ## Compilation for EXLA.Backend
 
@@ -106,7 +107,7 @@ defmodule EXLA.Defn.Compilation do
     with true <- opts[:cache] != false,
          [_ | _] = nodes <- origins(key),
          %Compiled{exe: exe} = compiled <- cached_on(nodes, cache_key, opts),
-         {:ok, local} <- EXLA.Executable.load_remote(exe) do
+         {:ok, local} <- EXLA.Remote.load_executable(exe) do
       if compiled.callbacks, do: EXLA.HostCallback.install!(local.client)
       if opts[:debug], do: Logger.debug("EXLA loaded #{inspect(key)} from #{node(exe.ref)}")
       %{compiled | exe: local, client: local.client}
@@ -161,7 +162,7 @@ defmodule EXLA.Defn.Compilation do
   # evaluates `fun` on `vars` to an expression, gives it to `compile`
   # (which returns `{compiled, disk_cache}`, see EXLA.CompileCache.compile/4),
   # logs the evaluation with `debug: true` and reports the compilation
-  # (EXLA.CompileReport). Returns what `compile` compiled.
+  # (EXLA.Defn.CompileReport). Returns what `compile` compiled.
   def compilation(key, vars, fun, opts, compile) do
     {eval_time, expr} = :timer.tc(fn -> fun.(vars) end)
 
@@ -173,7 +174,7 @@ defmodule EXLA.Defn.Compilation do
       :timer.tc(fn -> EXLA.CompileTimer.collect(fn -> compile.(expr) end) end)
 
     timing = %{eval_time: eval_time, compile_time: compile_time, stages: stages}
-    EXLA.CompileReport.compiled(key, vars, expr, opts, timing, disk_cache)
+    EXLA.Defn.CompileReport.compiled(key, vars, expr, opts, timing, disk_cache)
 
     compiled
   end
@@ -460,7 +461,7 @@ defmodule EXLA.Defn.Compilation do
 
   def here(%Compiled{exe: exe} = compiled, {key, vars, fun, opts}) do
     localize = fn ->
-      case EXLA.Executable.load_remote(exe) do
+      case EXLA.Remote.load_executable(exe) do
         {:ok, local} ->
           if compiled.callbacks, do: EXLA.HostCallback.install!(local.client)
 

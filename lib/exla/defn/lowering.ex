@@ -188,7 +188,7 @@ defmodule EXLA.Defn.Lowering do
         :hooks,
         precision: :default,
         lazy_inputs: false,
-        max_tensor_bytes: EXLA.Client.address_space_bytes(),
+        max_tensor_bytes: EXLA.Platform.Discovery.address_space_bytes(),
         qr_in_f64: false,
         client: nil,
         donate: [],

@@ -1,7 +1,7 @@
 defmodule EXLA.Defn.Sharded do
   @moduledoc false
   # The compiler behind EXLA.shard_jit/3: one SPMD program over a mesh of
-  # the client's devices (see EXLA.Sharding for meshes and shardings).
+  # the client's devices (see EXLA.Defn.Sharding for meshes and shardings).
   #
   # With a tuple mesh (every Nx line) the expression is lowered as for
   # EXLA.jit/2, with each parameter of @main annotated (`mhlo.sharding`)
@@ -18,8 +18,9 @@ defmodule EXLA.Defn.Sharded do
   @behaviour Nx.Defn.Compiler
 
   alias Nx.Defn.Composite
-  alias EXLA.Defn.LockedCache
-  alias EXLA.{Executable, Sharding}
+  alias EXLA.LockedCache
+  alias EXLA.Executable
+  alias EXLA.Defn.Sharding
 
   @enforce_keys [:exe, :mesh, :params, :shardings, :part_shapes, :output]
   defstruct [:exe, :mesh, :params, :shardings, :part_shapes, :output]

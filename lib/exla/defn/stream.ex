@@ -34,7 +34,8 @@ if EXLA.NxVersion.streams?() do
 
     alias EXLA.HostCallback
     alias EXLA.MLIR.{Builder, Ops}
-    alias EXLA.Defn.{Lowering, LockedCache}
+    alias EXLA.Defn.Lowering
+    alias EXLA.LockedCache
     alias EXLA.Defn.Lowering.HostCalls
     alias Nx.Defn.Composite
 

@@ -18,6 +18,7 @@ pub mod host_callback;
 mod library;
 mod plugin;
 mod types;
+pub mod xla_ffi;
 
 pub use buffer::Buffer;
 pub use client::{Client, Device, MemoryStats, OptionValue};

@@ -173,7 +173,7 @@ defmodule EXLA.Distributed.RemoteCompileTest do
       client = :erpc.call(node, EXLA.Client, :fetch!, [:host])
 
       assert {:error, :other_plugin} =
-               :erpc.call(node, EXLA.Executable, :load_sealed, [client, sealed])
+               :erpc.call(node, EXLA.Executable.Serialized, :load_sealed, [client, sealed])
     end
   end
 end

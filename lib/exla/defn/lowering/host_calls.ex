@@ -50,7 +50,7 @@ defmodule EXLA.Defn.Lowering.HostCalls do
   alias Nx.Defn.{Composite, Expr}
   alias Nx.Tensor, as: T
 
-  @chain_type {{:u, 64}, {}}
+  @chain_type {EXLA.HostCallback.chain_type(), {}}
   @flag_type {{:u, 8}, {}}
   @target "exla_host_callback"
 

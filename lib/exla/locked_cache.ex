@@ -1,7 +1,8 @@
-defmodule EXLA.Defn.LockedCache do
+defmodule EXLA.LockedCache do
   @moduledoc false
-  # The cache of compiled programs, where each value is computed exactly
-  # once: the first caller of a missing key computes it, the callers that
+  # The in-memory cache of compiled programs (those of the compiler, of
+  # EXLA.Backend, and this node's copies of other nodes' executables, see
+  # EXLA.Remote), where each value is computed exactly once: the first caller of a missing key computes it, the callers that
   # arrive meanwhile wait for it, and they are all told to look again once
   # the value is stored (or once the computing process fails or dies, in
   # which case one of them computes). This process is the only writer.
@@ -18,7 +19,7 @@ defmodule EXLA.Defn.LockedCache do
   #     never removed;
   #
   #   * `:bounded` entries (`EXLA.Backend`'s programs, one per operation
-  #     and shape) are at most `capacity/0`. The first quarter of them is
+  #     and shape, and copies of other nodes' executables) are at most `capacity/0`. The first quarter of them is
   #     pinned like permanent entries, which serves the operations a
   #     program repeats without a copy; the others live in an ETS table
   #     (read concurrency on), where storing one more past the capacity

@@ -1,4 +1,4 @@
-defmodule EXLA.Sharding do
+defmodule EXLA.Defn.Sharding do
   @moduledoc false
 
   # How `EXLA.shard_jit/3` lays tensors out over a mesh of devices

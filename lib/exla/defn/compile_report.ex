@@ -1,4 +1,4 @@
-defmodule EXLA.CompileReport do
+defmodule EXLA.Defn.CompileReport do
   @moduledoc false
   # What EXLA says once a compilation is done (internal): its debug lines,
   # its two telemetry events and the recompilation check (see "Telemetry"
@@ -44,7 +44,7 @@ defmodule EXLA.CompileReport do
     # EXLA.Backend's operations are compiled once per static arguments:
     # only functions are checked, and only those kept in the cache.
     if is_function(key) and opts[:cache] != false and opts[:cache_kind] != :bounded do
-      EXLA.Recompilation.compiled(key, vars, expr)
+      EXLA.Defn.Recompilation.compiled(key, vars, expr)
     end
 
     :ok

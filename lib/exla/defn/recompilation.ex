@@ -1,4 +1,4 @@
-defmodule EXLA.Recompilation do
+defmodule EXLA.Defn.Recompilation do
   @moduledoc false
   # The `:check_recompilation` setting (see "Recompilation" in `EXLA`,
   # internal): counts the compilations of each function for the same
