@@ -50,6 +50,20 @@ defmodule EXLA.Client do
       they name none, a number from 0 (the default) to the client's device
       count minus one; on a machine with two GPUs, 1 picks the second.
 
+    * `:automatic_transfers` - whether a tensor of this client is copied,
+      when needed, to a device it is not on: to another device or client
+      that a jitted function runs on, and, for `EXLA.Backend`'s
+      operations, to where the operation runs (see "Tensors on several
+      devices" in `EXLA.Backend`). Without them, such a use raises
+      `ArgumentError` ("EXLA computation (defn) is allocated on client
+      ... but one of the input tensors are allocated on ..."), and the
+      tensor must be moved with `Nx.backend_transfer/2` or
+      `Nx.backend_copy/2`. Defaults to `true` for `:host` clients and
+      `false` for the others, as in EXLA: a tensor in host memory is
+      cheap to copy anywhere, a GPU's is not. On Nx 0.12 and later,
+      `Nx.concatenate/2` and `Nx.stack/2` gather their tensors whatever
+      this option says, as EXLA 0.12 and later do.
+
     * `:preallocate` - whether a GPU client reserves its share of each
       device's memory (see `:memory_fraction`) up front instead of
       allocating as it goes. Defaults to `true`.
@@ -210,7 +224,8 @@ defmodule EXLA.Client do
     :platform_version,
     :plugin_path,
     :device_type,
-    xla_options: []
+    xla_options: [],
+    automatic_transfers: true
   ]
 
   @typedoc """
@@ -219,6 +234,7 @@ defmodule EXLA.Client do
   `:plugin_path` is the plugin library in use and `:xla_options` the XLA
   options every compilation on it uses (typed, sorted by name).
   `:device_type` is the `:device_type` of a `:pjrt_plugin` client, else nil.
+  `:automatic_transfers` is the option of that name (with its default).
   """
   @type t :: %__MODULE__{
           ref: reference(),
@@ -230,7 +246,8 @@ defmodule EXLA.Client do
           platform_version: String.t() | nil,
           plugin_path: Path.t() | nil,
           device_type: String.t() | nil,
-          xla_options: [{String.t(), {atom(), term()}}]
+          xla_options: [{String.t(), {atom(), term()}}],
+          automatic_transfers: boolean()
         }
 
   @doc """
@@ -544,7 +561,8 @@ defmodule EXLA.Client do
       platform_version: info[:platform_version],
       plugin_path: path,
       device_type: options[:device_type],
-      xla_options: xla_options
+      xla_options: xla_options,
+      automatic_transfers: options[:automatic_transfers]
     }
   end
 

@@ -236,10 +236,12 @@ defmodule EXLA.ClientTest do
         memory_fraction: 0.9,
         plugin: nil,
         device_count: nil,
-        warm_up: true
+        warm_up: true,
+        automatic_transfers: true
       ]
 
       assert Enum.sort(Options.validate!(:a, [])) == Enum.sort(defaults)
+      assert Options.validate!(:a, platform: :cuda)[:automatic_transfers] == false
 
       options = Options.validate!(:a, platform: :cuda, memory_fraction: 1, preallocate: false)
 
