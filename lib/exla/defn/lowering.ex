@@ -42,7 +42,7 @@ defmodule EXLA.Defn.Lowering do
   # that changes such a difference updates that list.
 
   alias EXLA.MLIR.{Builder, Check, Ops, Value}
-  alias EXLA.Defn.Lowering.HostCalls
+  alias EXLA.Defn.Lowering.{Hooks, HostCalls}
   alias Nx.Defn.{Composite, Expr}
   alias Nx.Tensor, as: T
 
@@ -61,9 +61,10 @@ defmodule EXLA.Defn.Lowering do
 
   Options:
 
-    * `:precision` - `:default`, `:high`, `:highest` or `:packed_nibble`;
-      used by every `dot_general` and `convolution` (which cannot be
-      lowered with `:packed_nibble`: StableHLO has no such precision)
+    * `:precision` - `:default`, `:high`, `:highest` or, on Nx 0.7.2,
+      `:packed_nibble`; used by every `dot_general` and `convolution`
+      (which cannot be lowered with `:packed_nibble`: StableHLO has no
+      such precision)
 
     * `:hooks` - a map of hook functions by name. When given and the
       expression has active hooks, the module takes a `ui64` chain as its
@@ -110,7 +111,7 @@ defmodule EXLA.Defn.Lowering do
     # With active hooks, the program takes the host-callback chain last.
     hooks = opts[:hooks]
     lazy? = opts[:lazy_inputs] not in [false, nil]
-    chain? = lazy? or (hooks != nil and HostCalls.active?(output_expr, hooks))
+    chain? = lazy? or (hooks != nil and Hooks.active?(output_expr, hooks))
     # Lazy inputs are not parameters: the parameter tuple holds their types.
     {arg_types, lazy} =
       if lazy?,
@@ -199,7 +200,7 @@ defmodule EXLA.Defn.Lowering do
 
     precision = opts[:precision] || :default
 
-    unless precision in [:default, :high, :highest, :packed_nibble] do
+    unless precision in EXLA.NxVersion.precisions() do
       raise ArgumentError, "unknown precision #{inspect(precision)}"
     end
 
@@ -581,7 +582,7 @@ defmodule EXLA.Defn.Lowering do
     chain = b.assigns.chain
 
     {results, b} =
-      if chain && HostCalls.active?(condition, b.assigns.hooks) do
+      if chain && Hooks.active?(condition, b.assigns.hooks) do
         lower_hooked_while(inits, condition, block, b)
       else
         lower_while(inits, condition, block, b)
@@ -728,7 +729,7 @@ defmodule EXLA.Defn.Lowering do
 
   defp hooked_predicates?(clauses, b) do
     b.assigns.chain != nil and
-      Enum.any?(clauses, fn {pred, _} -> HostCalls.active?(pred, b.assigns.hooks) end)
+      Enum.any?(clauses, fn {pred, _} -> Hooks.active?(pred, b.assigns.hooks) end)
   end
 
   defp lower_case(clauses, last, types, b) do
