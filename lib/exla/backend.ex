@@ -137,7 +137,7 @@ defmodule EXLA.Backend do
   alias Nx.Tensor, as: T
   alias EXLA.Backend, as: B
   alias EXLA.Defn.Compiled
-  alias EXLA.LockedCache
+  alias EXLA.{LockedCache, SharedTerm}
 
   ## Creation
 
@@ -460,7 +460,9 @@ defmodule EXLA.Backend do
   defp run_whole(kind, name, args, expr) do
     {skeleton, {tensors, place}} = scan(args, {[], nil}, true)
     {client_name, device_id} = place || default_place()
-    key = {__MODULE__, kind, name, skeleton, client_name, device_id}
+    # A block's struct and function, and an optional op's arguments, are
+    # the user's: the key stays within a bounded cost (EXLA.SharedTerm).
+    key = SharedTerm.key({__MODULE__, kind, name, skeleton, client_name, device_id})
     tensors = Enum.reverse(tensors)
 
     compiled =
@@ -482,7 +484,7 @@ defmodule EXLA.Backend do
   defp jit(op, out, args, place) do
     {skeleton, {tensors, found}} = scan(args, {[], nil}, false)
     {client_name, device_id} = place || found || default_place()
-    key = {__MODULE__, op, out_key(out), skeleton, client_name, device_id}
+    key = op_key({__MODULE__, op, out_key(out), skeleton, client_name, device_id})
     tensors = Enum.reverse(tensors)
 
     compiled =
@@ -501,6 +503,16 @@ defmodule EXLA.Backend do
 
     attach(out, EXLA.Defn.__run_buffers__(compiled, tensors))
   end
+
+  # The static arguments of most operations are numbers, atoms and lists
+  # and tuples of them, which Nx validates. Those of the operations that
+  # take a function hold the user's function and what it captures, which
+  # may be large or share subterms: their key stays within a bounded cost
+  # (EXLA.SharedTerm).
+  @function_ops [:reduce, :window_reduce, :map]
+
+  defp op_key({_, op, _, _, _, _} = key) when op in @function_ops, do: SharedTerm.key(key)
+  defp op_key(key), do: key
 
   defp compile(key, name, tensors, client_name, device_id, build) do
     templates = Enum.map(tensors, &Nx.to_template/1)

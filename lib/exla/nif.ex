@@ -55,6 +55,9 @@ defmodule EXLA.NIF do
 
   def resource_kind(_term), do: nif_error()
 
+  def term_tree_size(_term, _budget, _skip), do: nif_error()
+  def term_digest(_term, _known, _by_shape), do: nif_error()
+
   def buffer_from_binary(_client, _data, _type_code, _dims, _device), do: nif_error()
   def buffer_from_binary_dirty(_client, _data, _type_code, _dims, _device), do: nif_error()
   def buffer_read(_buffer, _limit), do: nif_error()

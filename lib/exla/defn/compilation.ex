@@ -22,7 +22,7 @@ defmodule EXLA.Defn.Compilation do
   alias Nx.Tensor, as: T
   alias Nx.Defn.Composite
   alias EXLA.Defn.{Call, Compiled}
-  alias EXLA.LockedCache
+  alias EXLA.{LockedCache, SharedTerm}
 
   ## Compilation for EXLA.Backend
 
@@ -61,7 +61,7 @@ defmodule EXLA.Defn.Compilation do
         compile(key, cache_key, vars, fun, opts)
 
       compiled ->
-        if compiled.debug?, do: Call.log_hits(key, 0)
+        if compiled.debug?, do: Call.log_hits(SharedTerm.inspect(key), 0)
         compiled
     end
   end
@@ -76,7 +76,7 @@ defmodule EXLA.Defn.Compilation do
 
     case LockedCache.fetch_or_build(opts[:cache], cache_key, kind, build) do
       {:hit, compiled} ->
-        if opts[:debug], do: Call.log_hits(key, 0)
+        if opts[:debug], do: Call.log_hits(SharedTerm.inspect(key), 0)
         compiled
 
       {_miss_or_off, compiled} ->
@@ -94,7 +94,10 @@ defmodule EXLA.Defn.Compilation do
          %Compiled{exe: exe} = compiled <- cached_on(nodes, cache_key, opts),
          {:ok, local} <- EXLA.Remote.load_executable(exe) do
       if compiled.callbacks, do: EXLA.HostCallback.install!(local.client)
-      if opts[:debug], do: Logger.debug("EXLA loaded #{inspect(key)} from #{node(exe.ref)}")
+
+      if opts[:debug],
+        do: Logger.debug("EXLA loaded #{SharedTerm.inspect(key)} from #{node(exe.ref)}")
+
       %{compiled | exe: local, client: local.client}
     else
       _ -> nil
@@ -152,7 +155,9 @@ defmodule EXLA.Defn.Compilation do
     {eval_time, expr} = :timer.tc(fn -> fun.(vars) end)
 
     if opts[:debug] do
-      Logger.debug("EXLA defn evaluation #{inspect(key)} cache miss in #{ms(eval_time)}ms")
+      Logger.debug(
+        "EXLA defn evaluation #{SharedTerm.inspect(key)} cache miss in #{ms(eval_time)}ms"
+      )
     end
 
     {compile_time, {{compiled, disk_cache}, stages}} =
@@ -205,7 +210,7 @@ defmodule EXLA.Defn.Compilation do
       input_shapes: input_shapes,
       output: output,
       build: output_builder(output),
-      key: key,
+      name: SharedTerm.inspect(key),
       debug?: opts[:debug],
       callbacks: callbacks
     }
@@ -292,7 +297,7 @@ defmodule EXLA.Defn.Compilation do
     variant = fn device ->
       opts = Keyword.put(opts, :device_inputs, device)
       build = fn -> key |> compile_expr(expr, vars, opts) |> elem(0) end
-      cache_key = {:lazy_variant, key, vars_key(vars), opts}
+      cache_key = SharedTerm.key({:lazy_variant, key, vars_key(vars), opts})
 
       {_hit_miss_or_off, compiled} =
         LockedCache.fetch_or_build(opts[:cache], cache_key, :permanent, build)
@@ -342,7 +347,7 @@ defmodule EXLA.Defn.Compilation do
   def validate_options!(opts) do
     unless Keyword.keyword?(opts) do
       raise ArgumentError,
-            "expected the compiler options to be a keyword list, got: #{inspect(opts)}"
+            "expected the compiler options to be a keyword list, got: #{SharedTerm.inspect(opts)}"
     end
 
     opts = Keyword.merge(@defaults, opts)
@@ -357,7 +362,7 @@ defmodule EXLA.Defn.Compilation do
     unless opts[:precision] in @precisions do
       raise ArgumentError,
             "expected precision configuration to be one of :default, :high, :highest, " <>
-              "or :packed_nibble, got: #{inspect(opts[:precision])}"
+              "or :packed_nibble, got: #{SharedTerm.inspect(opts[:precision])}"
     end
 
     check_cache!(opts[:cache])
@@ -368,7 +373,7 @@ defmodule EXLA.Defn.Compilation do
     unless is_list(opts[:donate]) and Enum.all?(opts[:donate], &(is_integer(&1) and &1 >= 0)) do
       raise ArgumentError,
             "expected :donate to be a list of argument positions (non-negative integers), " <>
-              "got: #{inspect(opts[:donate])}"
+              "got: #{SharedTerm.inspect(opts[:donate])}"
     end
 
     opts
@@ -404,7 +409,8 @@ defmodule EXLA.Defn.Compilation do
 
     unless value in allowed do
       raise ArgumentError,
-            "expected #{inspect(key)} to be one of #{inspect(allowed)}, got: #{inspect(value)}"
+            "expected #{inspect(key)} to be one of #{inspect(allowed)}, " <>
+              "got: #{SharedTerm.inspect(value)}"
     end
   end
 
@@ -424,12 +430,14 @@ defmodule EXLA.Defn.Compilation do
           if compiled.callbacks, do: EXLA.HostCallback.install!(local.client)
 
           if compiled.debug?,
-            do: Logger.debug("EXLA loaded #{inspect(key)} from #{node(exe.ref)}")
+            do: Logger.debug("EXLA loaded #{compiled.name} from #{node(exe.ref)}")
 
           %{compiled | exe: local, client: local.client}
 
         {:error, message} ->
-          if compiled.debug?, do: Logger.debug("EXLA compiles #{inspect(key)} again: #{message}")
+          if compiled.debug?,
+            do: Logger.debug("EXLA compiles #{compiled.name} again: #{message}")
+
           build(key, vars, fun, validate_options!(opts))
       end
     end

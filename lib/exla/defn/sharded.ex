@@ -88,7 +88,7 @@ defmodule EXLA.Defn.Sharded do
 
     build = fn -> build_mesh(key, whole, fun, mesh, partitions, shardings, opts) end
     vars_key = EXLA.Defn.Compilation.vars_key(whole)
-    cache_key = {:shard_jit_mesh, key, vars_key, mesh, shardings, opts}
+    cache_key = EXLA.SharedTerm.key({:shard_jit_mesh, key, vars_key, mesh, shardings, opts}, key)
 
     {_hit_miss_or_off, compiled} =
       LockedCache.fetch_or_build(opts[:cache], cache_key, :permanent, build)
@@ -219,7 +219,8 @@ defmodule EXLA.Defn.Sharded do
     {shardings, opts} = Keyword.pop(opts, :input_shardings)
     opts = EXLA.Defn.Compilation.validate_options!(opts)
     build = fn -> build(key, vars, fun, mesh, shardings, opts) end
-    cache_key = {:shard_jit, key, EXLA.Defn.Compilation.vars_key(vars), mesh, shardings, opts}
+    vars_key = EXLA.Defn.Compilation.vars_key(vars)
+    cache_key = EXLA.SharedTerm.key({:shard_jit, key, vars_key, mesh, shardings, opts}, key)
 
     {_hit_miss_or_off, compiled} =
       LockedCache.fetch_or_build(opts[:cache], cache_key, :permanent, build)

@@ -23,6 +23,7 @@ mod ipc;
 mod memory;
 mod pool;
 mod resource;
+mod term;
 mod xla_options;
 
 fn load(env: rustler::Env, _info: rustler::Term) -> bool {
