@@ -6,37 +6,12 @@
 #
 # Every number is the median, over several rounds, of the mean time of one
 # call (including waiting for its result) in a tight loop.
+Code.require_file("support/timing.exs", __DIR__)
+
 defmodule BackendBench do
   @rounds 5
 
-  def measure(name, iterations, fun) do
-    for _ <- 1..max(div(iterations, 10), 1), do: fun.()
-
-    times =
-      for _ <- 1..@rounds do
-        {us, _} = :timer.tc(fn -> loop(fun, iterations) end)
-        us / iterations
-      end
-
-    median = times |> Enum.sort() |> Enum.at(div(@rounds, 2))
-
-    value = :erlang.float_to_binary(median / 1, decimals: 3)
-    IO.puts(String.pad_trailing(name, 44) <> String.pad_leading(value, 12) <> " µs")
-
-    median
-  end
-
-  defp loop(_fun, 0), do: :ok
-
-  defp loop(fun, n) do
-    fun.()
-    loop(fun, n - 1)
-  end
-
-  def wait(%Nx.Tensor{data: %EXLA.Backend{buffer: buffer}}), do: EXLA.DeviceBuffer.await([buffer])
-  def wait(%Nx.Tensor{}), do: :ok
-
-  def ratio(name, a, b), do: IO.puts("#{name}: #{Float.round(a / b, 2)}x")
+  def measure(name, iterations, fun), do: BenchTiming.measure(name, iterations, fun, @rounds)
 end
 
 client = EXLA.Client.fetch!(EXLA.Client.default_name())
@@ -56,7 +31,7 @@ floor =
 
 exla_add =
   BackendBench.measure("EXLA.Backend Nx.add f32[3]", 20_000, fn ->
-    BackendBench.wait(Nx.add(x, x))
+    BenchTiming.wait(Nx.add(x, x))
   end)
 
 bin_add = BackendBench.measure("BinaryBackend Nx.add f32[3]", 20_000, fn -> Nx.add(xb, xb) end)
@@ -67,7 +42,7 @@ bigb = Nx.backend_copy(big, Nx.BinaryBackend)
 ew = fn t -> Nx.add(Nx.exp(t), t) end
 
 exla_ew =
-  BackendBench.measure("EXLA.Backend exp(a)+a f32[1e6]", 20, fn -> BackendBench.wait(ew.(big)) end)
+  BackendBench.measure("EXLA.Backend exp(a)+a f32[1e6]", 20, fn -> BenchTiming.wait(ew.(big)) end)
 
 bin_ew = BackendBench.measure("BinaryBackend exp(a)+a f32[1e6]", 2, fn -> ew.(bigb) end)
 
@@ -77,7 +52,7 @@ mb = Nx.backend_copy(m, Nx.BinaryBackend)
 
 exla_mm =
   BackendBench.measure("EXLA.Backend dot f32[128x128]", 200, fn ->
-    BackendBench.wait(Nx.dot(m, m))
+    BenchTiming.wait(Nx.dot(m, m))
   end)
 
 bin_mm = BackendBench.measure("BinaryBackend dot f32[128x128]", 2, fn -> Nx.dot(mb, mb) end)
@@ -101,10 +76,9 @@ large =
     # fastest round of each
     {e, j} =
       Enum.reduce(1..7, {[], []}, fn _, {es, js} ->
-        e =
-          BackendBench.measure("EXLA.Backend #{name}", 20, fn -> BackendBench.wait(eager.()) end)
+        e = BackendBench.measure("EXLA.Backend #{name}", 20, fn -> BenchTiming.wait(eager.()) end)
 
-        j = BackendBench.measure("EXLA.jit #{name}", 20, fn -> BackendBench.wait(jitted.()) end)
+        j = BackendBench.measure("EXLA.jit #{name}", 20, fn -> BenchTiming.wait(jitted.()) end)
         {[e | es], [j | js]}
       end)
 
@@ -112,12 +86,12 @@ large =
   end
 
 IO.puts("")
-BackendBench.ratio("Nx.add f32[3] EXLA / floor", exla_add, floor)
+BenchTiming.ratio("Nx.add f32[3] EXLA / floor", exla_add, floor)
 
 for {name, e, j} <- large do
-  BackendBench.ratio("#{name} EXLA.Backend / EXLA.jit", e, j)
+  BenchTiming.ratio("#{name} EXLA.Backend / EXLA.jit", e, j)
 end
 
-BackendBench.ratio("Nx.add f32[3] BinaryBackend / EXLA", bin_add, exla_add)
-BackendBench.ratio("exp(a)+a f32[1e6] BinaryBackend / EXLA", bin_ew, exla_ew)
-BackendBench.ratio("dot 128x128 BinaryBackend / EXLA", bin_mm, exla_mm)
+BenchTiming.ratio("Nx.add f32[3] BinaryBackend / EXLA", bin_add, exla_add)
+BenchTiming.ratio("exp(a)+a f32[1e6] BinaryBackend / EXLA", bin_ew, exla_ew)
+BenchTiming.ratio("dot 128x128 BinaryBackend / EXLA", bin_mm, exla_mm)

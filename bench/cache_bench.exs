@@ -9,6 +9,8 @@
 # column) is the cache's work plus one run, which is where a cache whose
 # every insert copies a growing table shows. Numbers are medians over
 # windows of 100 shapes.
+Code.require_file("support/timing.exs", __DIR__)
+
 defmodule CacheBench do
   @window 100
 
@@ -53,9 +55,9 @@ defmodule CacheBench do
 
   defp report(n, window) do
     columns = [
-      median(Enum.map(window, &elem(&1, 0))),
-      median(Enum.map(window, &elem(&1, 1))),
-      median(Enum.map(window, &elem(&1, 2))),
+      BenchTiming.median(Enum.map(window, &elem(&1, 0))),
+      BenchTiming.median(Enum.map(window, &elem(&1, 1))),
+      BenchTiming.median(Enum.map(window, &elem(&1, 2))),
       div(rss_kib(), 1024)
     ]
 
@@ -89,7 +91,6 @@ defmodule CacheBench do
     """)
   end
 
-  defp median(values), do: values |> Enum.sort() |> Enum.at(div(length(values), 2))
   defp pad(us), do: String.pad_leading(Integer.to_string(us), 14)
   defp kib(bytes), do: div(bytes, 1024)
 

@@ -34,6 +34,8 @@
 # than this benchmark can see. The commit before the memory ledger and the
 # diagnostics (ac087a2), alternated with this one three times: floor 3.60
 # vs 3.60, cached jit 4.86 vs 4.75.
+Code.require_file("support/timing.exs", __DIR__)
+
 defmodule CallCpuBench do
   @rounds 15
   @calls 5_000
@@ -58,17 +60,17 @@ defmodule CallCpuBench do
   end
 
   def measure(name, thread, fun) do
-    loop(fun, @calls)
+    BenchTiming.loop(fun, @calls)
 
     times =
       for _ <- 1..@rounds do
         start = cpu_ns(thread)
-        loop(fun, @calls)
+        BenchTiming.loop(fun, @calls)
         (cpu_ns(thread) - start) / @calls / 1000
       end
       |> Enum.sort()
 
-    median = Enum.at(times, div(@rounds, 2))
+    median = BenchTiming.median(times)
     min = hd(times)
 
     IO.puts(
@@ -78,23 +80,10 @@ defmodule CallCpuBench do
   end
 
   defp fmt(x), do: :erlang.float_to_binary(x, decimals: 3)
-
-  defp loop(_fun, 0), do: :ok
-
-  defp loop(fun, n) do
-    fun.()
-    loop(fun, n - 1)
-  end
 end
 
 thread = CallCpuBench.scheduler_thread()
-x = Nx.tensor([1.0, 2.0, 3.0], backend: EXLA.Backend)
-add = fn x -> Nx.add(x, x) end
-
-%{mlir_module: mlir} = EXLA.to_mlir_module(add, [x])
-client = EXLA.Client.fetch!(EXLA.Client.default_name())
-exe = EXLA.Executable.compile(client, mlir)
-buffer = x.data.buffer
+{x, add, run_floor} = BenchTiming.add_floor()
 
 jitted = EXLA.jit(add)
 
@@ -105,10 +94,7 @@ for level <- [:warning, :debug, :trace] do
   EXLA.NativeLog.put_level(level)
   if level == :trace, do: Logger.configure(level: :info)
 
-  CallCpuBench.measure("EXLA.Executable.run + await (floor), native #{level}", thread, fn ->
-    [[out]] = EXLA.Executable.run(exe, [[buffer]])
-    EXLA.DeviceBuffer.await([out])
-  end)
+  CallCpuBench.measure("EXLA.Executable.run + await (floor), native #{level}", thread, run_floor)
 
   CallCpuBench.measure("cached EXLA.jit(x + x) f32[3], native #{level}", thread, fn ->
     %Nx.Tensor{data: %EXLA.Backend{buffer: out}} = jitted.(x)

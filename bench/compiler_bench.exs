@@ -20,6 +20,7 @@
 #   * BENCH_BINARY=false - skip the Nx.BinaryBackend step (it takes minutes).
 #   * BENCH_ROUNDS, BENCH_STEPS - rounds (default 11) of steps (default 20).
 Code.require_file("support/mlp.exs", __DIR__)
+Code.require_file("support/timing.exs", __DIR__)
 
 # XLA's compile is measured here, not the compile cache on disk.
 Application.put_env(:exla, :cache_dir, false)
@@ -88,8 +89,6 @@ defmodule CompilerBench do
     {us, value}
   end
 
-  def median(list), do: list |> Enum.sort() |> Enum.at(div(length(list), 2))
-
   def env_integer(name, default) do
     case System.get_env(name) do
       nil -> default
@@ -113,7 +112,7 @@ defmodule CompilerBench do
     per_round
     |> List.flatten()
     |> Enum.group_by(&elem(&1, 0), &elem(&1, 1))
-    |> Map.new(fn {name, times} -> {name, median(times)} end)
+    |> Map.new(fn {name, times} -> {name, BenchTiming.median(times)} end)
   end
 
   # `steps` calls of `fun`, which takes and returns the loop state.
@@ -176,10 +175,10 @@ binary_per_step =
 
 # Lowering (Nx.Defn.Expr -> MLIR text) against XLA's compile of that text.
 lower = fn -> EXLA.to_mlir_module(&MLP.step/3, [params, x, y]) end
-lower_us = CompilerBench.median(for _ <- 1..5, do: elem(CompilerBench.time_us(lower), 0))
+lower_us = BenchTiming.median(for _ <- 1..5, do: elem(CompilerBench.time_us(lower), 0))
 
 compile_us =
-  CompilerBench.median(
+  BenchTiming.median(
     for _ <- 1..3,
         do: elem(CompilerBench.time_us(fn -> EXLA.Executable.compile(client, mlir) end), 0)
   )

@@ -10,6 +10,7 @@
 #
 # Environment: BENCH_ROUNDS (default 7).
 Code.require_file("support/mlp.exs", __DIR__)
+Code.require_file("support/timing.exs", __DIR__)
 
 defmodule ConcurrentCompileBench do
   def cpu_ms do
@@ -26,8 +27,6 @@ defmodule ConcurrentCompileBench do
     Nx.to_number(loss)
     {start, System.monotonic_time(:microsecond)}
   end
-
-  def median(list), do: list |> Enum.sort() |> Enum.at(div(length(list), 2))
 end
 
 alias ConcurrentCompileBench, as: B
@@ -79,9 +78,9 @@ Two different MLP steps (batch 128 and 64) compiled by EXLA.jit, median of #{rou
 
 for mode <- [:sequential, :concurrent] do
   rows = results[mode]
-  wall = B.median(Enum.map(rows, &elem(&1, 0)))
-  cpu = B.median(Enum.map(rows, &elem(&1, 1)))
-  overlap = B.median(Enum.map(rows, &elem(&1, 2)))
+  wall = BenchTiming.median(Enum.map(rows, &elem(&1, 0)))
+  cpu = BenchTiming.median(Enum.map(rows, &elem(&1, 1)))
+  overlap = BenchTiming.median(Enum.map(rows, &elem(&1, 2)))
   extra = if mode == :concurrent, do: "   compiles overlapping for #{ms.(overlap)} ms", else: ""
 
   IO.puts(
@@ -89,6 +88,6 @@ for mode <- [:sequential, :concurrent] do
   )
 end
 
-seq = B.median(Enum.map(results.sequential, &elem(&1, 0)))
-con = B.median(Enum.map(results.concurrent, &elem(&1, 0)))
+seq = BenchTiming.median(Enum.map(results.sequential, &elem(&1, 0)))
+con = BenchTiming.median(Enum.map(results.concurrent, &elem(&1, 0)))
 IO.puts("\n  concurrent / sequential wall: #{Float.round(con / seq, 2)}")

@@ -34,6 +34,7 @@
 # check), BENCH_PLUGINS (comma-separated names, default: every known plugin
 # with a wheel for this machine), BENCH_OUT (also write the table there).
 Code.require_file("support/mlp.exs", __DIR__)
+Code.require_file("support/timing.exs", __DIR__)
 Code.require_file("support/gpu_models.exs", __DIR__)
 
 defmodule CpuPluginsBench.ConvNet do
@@ -129,8 +130,6 @@ defmodule CpuPluginsBench do
   alias GpuBench.{Bert, GPT2}
 
   def now, do: System.monotonic_time(:nanosecond) / 1.0e9
-
-  def median(list), do: list |> Enum.sort() |> Enum.at(div(length(list), 2))
 
   def load, do: File.read!("/proc/loadavg") |> String.split() |> hd() |> String.to_float()
 
@@ -364,7 +363,9 @@ defmodule CpuPluginsBench do
 
         medians =
           Map.new(times, fn {name, list} ->
-            {name, {median(Enum.map(list, &elem(&1, 0))), median(Enum.map(list, &elem(&1, 1)))}}
+            {name,
+             {BenchTiming.median(Enum.map(list, &elem(&1, 0))),
+              BenchTiming.median(Enum.map(list, &elem(&1, 1)))}}
           end)
 
         :erlang.garbage_collect()

@@ -14,6 +14,8 @@
 # axis and `{n, 64K / n}` along the first. A row prints the median time of
 # one call (waiting for its result) over interleaved rounds, the ratio
 # window / default, and each side's first call (compile, disk cache off).
+Code.require_file("support/timing.exs", __DIR__)
+
 defmodule CumulativeBench do
   @rounds 5
   @elements 65_536
@@ -61,7 +63,7 @@ defmodule CumulativeBench do
            [per_call(fn -> wait(default.(x)) end, iterations) | ds]}
       end
 
-    {nt, dt} = {median(n_times), median(d_times)}
+    {nt, dt} = {BenchTiming.median(n_times), BenchTiming.median(d_times)}
 
     IO.puts(
       String.pad_trailing(to_string(op) |> String.replace("cumulative_", ""), 6) <>
@@ -101,8 +103,6 @@ defmodule CumulativeBench do
     {us, _} = :timer.tc(fn -> for _ <- 1..iterations, do: fun.() end)
     us / iterations
   end
-
-  defp median(list), do: list |> Enum.sort() |> Enum.at(div(length(list), 2))
 
   defp wait(%Nx.Tensor{data: %EXLA.Backend{buffer: b}}), do: EXLA.DeviceBuffer.await([b])
 

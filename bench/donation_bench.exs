@@ -21,6 +21,7 @@
 # above x, y and the parameters 7.66 MiB (3 copies of the parameters,
 # waiting for garbage collection) kept, 16-20 bytes (the losses) donated.
 Code.require_file("support/mlp.exs", __DIR__)
+Code.require_file("support/timing.exs", __DIR__)
 
 defmodule DonationBench do
   def loop(step, params, x, y, steps) do
@@ -49,8 +50,6 @@ defmodule DonationBench do
     Nx.backend_deallocate(params)
     stats.peak - base
   end
-
-  def median(list), do: list |> Enum.sort() |> Enum.at(div(length(list), 2))
 end
 
 alias CompilerBench.MLP
@@ -85,7 +84,7 @@ peaks =
   end)
 
 mib = fn bytes -> :erlang.float_to_binary(bytes / 1_048_576, decimals: 2) end
-[keep, donate] = Enum.map([:keep, :donate], &DonationBench.median(rates[&1]))
+[keep, donate] = Enum.map([:keep, :donate], &BenchTiming.median(rates[&1]))
 
 IO.puts("""
 MLP 784-512-512-10, batch 128, one SGD step, loss read back every step

@@ -36,6 +36,7 @@
 # Environment: JAX_PYTHON (a python with jax; without it JAX is skipped),
 # BENCH_ROUNDS (default 7).
 Code.require_file("support/mlp.exs", __DIR__)
+Code.require_file("support/timing.exs", __DIR__)
 
 defmodule FirstCallBench.StopMax do
   @moduledoc """
@@ -245,8 +246,6 @@ defmodule FirstCallBench do
   end
 
   def tmp(name), do: Path.join(System.tmp_dir!(), "exla_first_call_bench_#{name}")
-
-  def median(list), do: list |> Enum.sort() |> Enum.at(div(length(list), 2))
 end
 
 if System.get_env("FIRST_CALL_CHILD") == "exla" do
@@ -299,7 +298,7 @@ results =
       Map.update(acc, key, [result], &[result | &1])
   end
 
-med = fn key, field -> FirstCallBench.median(Enum.map(results[key], & &1[field])) end
+med = fn key, field -> BenchTiming.median(Enum.map(results[key], & &1[field])) end
 ms = fn us -> :erlang.float_to_binary(us / 1000, decimals: 1) end
 kernel_cases = [exla, stop_max] ++ if(jax?, do: [jax_mlir, jax], else: [])
 kernels = Map.new(kernel_cases, &{&1, FirstCallBench.kernels(&1)})
@@ -347,7 +346,7 @@ all_exla =
     if system == :exla, do: Enum.filter(rows, & &1[:discovery]), else: []
   end)
 
-field_med = fn field -> FirstCallBench.median(Enum.map(all_exla, & &1[field])) end
+field_med = fn field -> BenchTiming.median(Enum.map(all_exla, & &1[field])) end
 
 IO.puts("""
 

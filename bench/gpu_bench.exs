@@ -56,6 +56,7 @@
 # 3.7, bert 27.7, gpt2 26.4) and JAX's first three parts 38 s: the whole
 # run needs about 2.5 minutes there.
 Code.require_file("support/mlp.exs", __DIR__)
+Code.require_file("support/timing.exs", __DIR__)
 Code.require_file("support/gpu_models.exs", __DIR__)
 
 defmodule GpuBench do
@@ -123,8 +124,6 @@ defmodule GpuBench do
 
   def now, do: System.monotonic_time(:nanosecond) / 1.0e9
 
-  def median(list), do: list |> Enum.sort() |> Enum.at(div(length(list), 2))
-
   @doc "Waits until every EXLA buffer of `result` (a container or a list of them) is computed."
   def await(result) when is_list(result), do: Enum.each(result, &await/1)
 
@@ -187,9 +186,9 @@ defmodule GpuBench do
     for _ <- 1..200, do: await(fun.(x))
     {times, _} = time_rounds(nil, fn _ -> await(fun.(x)) end, 100, s.seconds)
     {read, _} = time_rounds(nil, fn _ -> Nx.to_binary(fun.(x)) end, 100, s.seconds)
-    record(dir, "tiny.await_us", median(times) * 1.0e6)
-    record(dir, "tiny.read_us", median(read) * 1.0e6)
-    record(dir, "tiny.compile_ms", (first - median(times)) * 1000)
+    record(dir, "tiny.await_us", BenchTiming.median(times) * 1.0e6)
+    record(dir, "tiny.read_us", BenchTiming.median(read) * 1.0e6)
+    record(dir, "tiny.compile_ms", (first - BenchTiming.median(times)) * 1000)
   end
 
   def mlp(dir, s) do
@@ -207,7 +206,7 @@ defmodule GpuBench do
 
     params = steps.(params)
     {times, _} = time_rounds(params, steps, 5, s.seconds)
-    per_step = median(times) / n
+    per_step = BenchTiming.median(times) / n
     record(dir, "mlp.step_ms", per_step * 1000)
     record(dir, "mlp.compile_ms", (first - per_step) * 1000)
   end
@@ -227,7 +226,7 @@ defmodule GpuBench do
       for _ <- 1..2, do: await(forward.(p, ids))
       calls = fn _ -> await(for _ <- 1..n, do: forward.(p, ids)) end
       {times, _} = time_rounds(nil, calls, 5, s.seconds)
-      per_call = median(times) / n
+      per_call = BenchTiming.median(times) / n
       record(dir, key <> ".ms", per_call * 1000)
       record(dir, key <> ".seq_s", batch / per_call)
       record(dir, key <> ".compile_ms", (first - per_call) * 1000)
@@ -261,7 +260,8 @@ defmodule GpuBench do
       {decode_first, {token, cache}} = timed(fn -> decode.(params, cache, token, pos) end)
 
       # One call of each, waited for, to take from the first calls.
-      prefill_call = median(for _ <- 1..3, do: elem(timed(fn -> prefill.(params, prompt) end), 0))
+      prefill_call =
+        BenchTiming.median(for _ <- 1..3, do: elem(timed(fn -> prefill.(params, prompt) end), 0))
 
       {decode_calls, _} =
         Enum.map_reduce(1..3, {token, cache}, fn _, {t, c} ->
@@ -269,7 +269,12 @@ defmodule GpuBench do
         end)
 
       record(dir, key <> ".prefill_compile_ms", (prefill_first - prefill_call) * 1000)
-      record(dir, key <> ".decode_compile_ms", (decode_first - median(decode_calls)) * 1000)
+
+      record(
+        dir,
+        key <> ".decode_compile_ms",
+        (decode_first - BenchTiming.median(decode_calls)) * 1000
+      )
 
       generate = fn _ ->
         {token, cache} = prefill.(params, prompt)
@@ -287,7 +292,7 @@ defmodule GpuBench do
 
       generate.(nil)
       {times, tokens} = time_rounds(nil, generate, 3, s.seconds)
-      per_generation = median(times)
+      per_generation = BenchTiming.median(times)
       record(dir, key <> ".tok_s", batch * c.new / per_generation)
       record(dir, key <> ".ms_token", per_generation / c.new * 1000)
 

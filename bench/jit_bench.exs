@@ -4,59 +4,26 @@
 #
 # Every number is the median, over several rounds, of the mean time of one
 # call (including waiting for its result) in a tight loop.
+Code.require_file("support/timing.exs", __DIR__)
+
 defmodule JitBench do
   @rounds 7
 
-  def measure(name, iterations, fun) do
-    for _ <- 1..div(iterations, 10), do: fun.()
-
-    times =
-      for _ <- 1..@rounds do
-        {us, _} = :timer.tc(fn -> loop(fun, iterations) end)
-        us / iterations
-      end
-
-    median = times |> Enum.sort() |> Enum.at(div(@rounds, 2))
-
-    value = :erlang.float_to_binary(median / 1, decimals: 3)
-    IO.puts(String.pad_trailing(name, 44) <> String.pad_leading(value, 12) <> " µs")
-
-    median
-  end
-
-  defp loop(_fun, 0), do: :ok
-
-  defp loop(fun, n) do
-    fun.()
-    loop(fun, n - 1)
-  end
-
-  def wait(%Nx.Tensor{data: %EXLA.Backend{buffer: buffer}}), do: EXLA.DeviceBuffer.await([buffer])
+  def measure(name, iterations, fun), do: BenchTiming.measure(name, iterations, fun, @rounds)
 end
 
 n = 20_000
-x = Nx.tensor([1.0, 2.0, 3.0], backend: EXLA.Backend)
-add = fn x -> Nx.add(x, x) end
-
 # The floor: the executable EXLA compiles for x + x, run directly.
-%{mlir_module: mlir} = EXLA.to_mlir_module(add, [x])
-client = EXLA.Client.fetch!(EXLA.Client.default_name())
-exe = EXLA.Executable.compile(client, mlir)
-buffer = x.data.buffer
-
-run_floor = fn ->
-  [[out]] = EXLA.Executable.run(exe, [[buffer]])
-  EXLA.DeviceBuffer.await([out])
-end
+{x, add, run_floor} = BenchTiming.add_floor()
 
 floor1 = JitBench.measure("EXLA.Executable.run + await (floor)", n, run_floor)
 
 jitted = EXLA.jit(add)
 jitted.(x)
-jit = JitBench.measure("cached EXLA.jit(x + x) f32[3]", n, fn -> JitBench.wait(jitted.(x)) end)
+jit = JitBench.measure("cached EXLA.jit(x + x) f32[3]", n, fn -> BenchTiming.wait(jitted.(x)) end)
 
 compiled = EXLA.compile(add, [x])
-comp = JitBench.measure("EXLA.compile(x + x) f32[3]", n, fn -> JitBench.wait(compiled.(x)) end)
+comp = JitBench.measure("EXLA.compile(x + x) f32[3]", n, fn -> BenchTiming.wait(compiled.(x)) end)
 
 evaluator = Nx.Defn.jit(add, compiler: Nx.Defn.Evaluator)
 xb = Nx.backend_copy(x, Nx.BinaryBackend)

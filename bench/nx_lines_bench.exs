@@ -11,14 +11,13 @@
 #
 # Prints one line: `line first_call_ms mlp_step_ms tiny_call_us`.
 Code.require_file("support/mlp.exs", __DIR__)
+Code.require_file("support/timing.exs", __DIR__)
 
 defmodule NxLinesBench do
-  def median(list), do: list |> Enum.sort() |> Enum.at(div(length(list), 2))
-
   def per_call_us(n, fun) do
     for _ <- 1..div(n, 10), do: fun.()
 
-    median(
+    BenchTiming.median(
       for _ <- 1..7 do
         {us, _} = :timer.tc(fn -> Enum.each(1..n, fn _ -> fun.() end) end)
         us / n

@@ -250,7 +250,11 @@ defmodule Mix.Tasks.Compile.ExlaNative do
     end
   end
 
-  defp cache_dir do
+  @doc false
+  # Where precompiled NIF archives are kept: the `nif` folder of EXLA's
+  # cache directory, whose layout EXLA.CacheDir owns (this runs before it
+  # is compiled; a test checks that both say the same).
+  def cache_dir do
     root =
       case System.get_env("EXLA_CACHE_DIR", "") do
         "" -> List.to_string(:filename.basedir(:user_cache, ~c"exla"))

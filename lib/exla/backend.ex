@@ -76,7 +76,7 @@ defmodule EXLA.Backend do
 
   A tensor sent to another node of the cluster keeps its data on the node
   that made it (its owner). Any node can read it (`Nx.to_binary/1`,
-  `inspect/2`), copy it (`Nx.backend_copy/2`), transfer it
+  `Kernel.inspect/2`), copy it (`Nx.backend_copy/2`), transfer it
   (`Nx.backend_transfer/2` to this backend, which brings the data to this
   node, or to another backend) and deallocate it: the data is read or freed
   by its owner (see `EXLA.DeviceBuffer`). An operation on it, here or in

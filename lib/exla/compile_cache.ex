@@ -110,7 +110,7 @@ defmodule EXLA.CompileCache do
 
   ## Safety
 
-  Every file is an `EXLA.Executable.Sealed` binary: its last 32 bytes are
+  Every file is a binary of `EXLA.Executable.serialize/1`: its last 32 bytes are
   a SHA-256 of all the others, checked before anything is decoded, and its
   metadata repeats the key and the target. A file that is damaged,
   truncated, of another format, made for another target or holding another

@@ -4,17 +4,18 @@ defmodule EXLA.Executable do
 
   Programs are StableHLO MLIR text whose entry point is `@main`. Every run
   checks its arguments against the parameter shapes, since the plugins do
-  not. Hand-written programs are checked before they are compiled (see
-  `EXLA.MLIR.Check`): tensors that do not fit the client, over-long FFTs,
-  recursive calls and infeed, outfeed, send or recv raise `ArgumentError`.
+  not. Hand-written programs are checked before they are compiled:
+  tensors that do not fit the client (see `EXLA.Client.max_tensor_bytes/1`),
+  over-long FFTs, recursive calls and infeed, outfeed, send or recv raise
+  `ArgumentError`.
 
   ## Where programs run
 
   No program runs long on a normal scheduler of the VM. Each executable
-  keeps the facts known about its program (`EXLA.MLIR.Facts`: the ops that
-  may run for unbounded time, its largest tensor, the elements its ops
-  touch) and `EXLA.Placement` decides from them where its runs happen
-  (`:run_on`): on the calling process's scheduler for small straight-line
+  keeps the facts known about its program (the ops that may run for
+  unbounded time, its largest tensor, the elements its ops touch) and
+  EXLA's placement policy decides from them where its runs happen
+  (`:run_on`; the README's "Where native calls run"): on the calling process's scheduler for small straight-line
   programs, on a dirty CPU scheduler for larger ones, and on a native
   thread of EXLA, replying by message, for programs with loops, host
   callbacks or collectives and for programs of several devices. A loaded
@@ -53,8 +54,8 @@ defmodule EXLA.Executable do
 
   require EXLA.Remote, as: Remote
   alias EXLA.{DeviceBuffer, NIF, Placement, Shape}
-  alias EXLA.Executable.Serialized
-  alias EXLA.MLIR.{Facts, Program}
+  alias EXLA.Executable.{Options, Serialized}
+  alias EXLA.MLIR.Program
 
   @enforce_keys [:ref, :client, :device_id, :input_shapes, :output_shapes, :facts]
   defstruct [
@@ -71,11 +72,11 @@ defmodule EXLA.Executable do
   ]
 
   @doc """
-  Compiles a program on `client`: StableHLO MLIR text, or the
-  `EXLA.MLIR.Program` of EXLA's own lowering.
+  Compiles a program on `client`: StableHLO MLIR text, or the program
+  struct of EXLA's own lowering (internal).
 
   The parameter shapes and the facts that place its runs are read from
-  hand-written text, and the text is checked (see `EXLA.MLIR.Check`),
+  hand-written text, and the text is checked (see the module's docs),
   before the plugin sees it. A program of EXLA's lowering carries them
   (its lowering checks its sizes and emits no feeds or calls): its text is
   neither read nor checked, and the plugin is not asked for its output
@@ -115,22 +116,9 @@ defmodule EXLA.Executable do
 
   def compile(client, %Program{} = program, opts) do
     client = EXLA.Client.local(client)
-    {internal, opts} = Keyword.split(opts, [:input_shapes, :run_on])
-
-    opts =
-      Keyword.validate!(opts,
-        device_id: client.default_device_id,
-        num_replicas: 1,
-        num_partitions: 1,
-        partitioner: :gspmd
-      )
-
-    replicas = positive!(opts, :num_replicas)
-    partitions = positive!(opts, :num_partitions)
-    shardy? = partitioner!(opts[:partitioner]) == :shardy
-    device_id = device_id!(client, opts[:device_id])
-    input_shapes = internal[:input_shapes] || program.input_shapes
-    specs = Enum.map(input_shapes, &Shape.to_spec/1)
+    o = Options.compile!(client, program, opts)
+    specs = Enum.map(o.input_shapes, &Shape.to_spec/1)
+    {replicas, partitions} = {o.num_replicas, o.num_partitions}
 
     ref =
       NIF.async!(
@@ -138,37 +126,25 @@ defmodule EXLA.Executable do
           client.ref,
           program.text,
           specs,
-          device_id,
+          o.device_id,
           replicas,
           partitions,
-          shardy?,
+          o.shardy?,
           &1
         )
       )
 
-    facts =
-      if internal[:run_on] == :thread,
-        do: Facts.add_unbounded(program.facts, "declared"),
-        else: program.facts
-
     %__MODULE__{
       ref: ref,
       client: client,
-      device_id: device_id,
-      input_shapes: input_shapes,
+      device_id: o.device_id,
+      input_shapes: o.input_shapes,
       output_shapes: program.output_shapes || plugin_output_shapes(ref),
-      facts: facts,
+      facts: o.facts,
       num_replicas: replicas,
       num_partitions: partitions
     }
     |> place()
-  end
-
-  defp partitioner!(partitioner) when partitioner in [:gspmd, :shardy], do: partitioner
-
-  defp partitioner!(other) do
-    raise ArgumentError,
-          "expected :partitioner to be :gspmd or :shardy, got: #{inspect(other)}"
   end
 
   defp plugin_output_shapes(ref) do
@@ -192,24 +168,21 @@ defmodule EXLA.Executable do
     }
   end
 
-  defp positive!(opts, key) do
-    case opts[key] do
-      n when is_integer(n) and n >= 1 ->
-        n
-
-      other ->
-        raise ArgumentError, "#{inspect(key)} must be a positive integer, got: #{inspect(other)}"
-    end
-  end
-
-  defp device_id!(client, id) when is_integer(id) and id >= 0 and id < client.device_count,
-    do: id
-
-  defp device_id!(client, id) do
-    raise ArgumentError,
-          "invalid device id #{inspect(id)} for client #{inspect(client.name)} " <>
-            "with #{client.device_count} device(s)"
-  end
+  # A run does, in order:
+  #
+  #   1. an executable of another node is replaced by this node's copy
+  #      (`EXLA.Remote.local_executable!/1`, loaded once);
+  #   2. checks the options (`:donate`; none on the per-call path);
+  #   3. turns each argument into a native buffer of the run's device
+  #      (`argument_refs/3`): a buffer there as it is, another EXLA
+  #      buffer copied, a `{binary, shape}` pair placed;
+  #   4. calls the NIF that `:run_on` names (`run_native/3`): on this
+  #      scheduler, on a dirty one, or on a native thread while the caller
+  #      waits in `receive`; a run on several devices always takes a thread;
+  #   5. wraps each output in an `EXLA.DeviceBuffer` of its shape.
+  #
+  # The NIF checks the arguments' count, types, shapes and devices before
+  # the plugin sees them.
 
   @doc """
   Runs the executable and returns its outputs as `[[%EXLA.DeviceBuffer{}]]`:
@@ -307,7 +280,7 @@ defmodule EXLA.Executable do
   @doc """
   Serializes the executable into a binary for `deserialize/2`.
 
-  The binary carries a checksum of all of it (see `EXLA.Executable.Sealed`):
+  The binary carries a checksum of all of it (a SHA-256 of every byte):
   a damaged binary raises when it is loaded instead of running garbage. It
   also records what the executable was compiled for (see `load_binary/3`): plugins
   can load each other's executables and silently compute wrong results,
@@ -369,7 +342,7 @@ defmodule EXLA.Executable do
   `{:ok, executable, metadata}` or `{:error, message}`; never raises.
 
   Nothing reaches the plugin unless the binary's checksum matches (see
-  `EXLA.Executable.Sealed`) and it was made for the same target as the
+  `serialize/1`) and it was made for the same target as the
   client's: the same plugin file (by its sha256, see
   `EXLA.Plugin.fingerprint/1`) and PJRT API version, the same platform and
   kind of device, and for the CPU, the same CPU features. `metadata` is

@@ -6,9 +6,14 @@ defmodule EXLA.NIF do
 
   @on_load :__on_load__
 
+  # The rules of EXLA.Placement that the NIF applies too, given to it as it
+  # loads (a constant here: no other module may be called while this one
+  # loads).
+  @load_info %{large_buffer_bytes: EXLA.Placement.large_buffer_bytes()}
+
   def __on_load__ do
     path = :filename.join(:code.priv_dir(:exla), ~c"libexla")
-    :erlang.load_nif(path, 0)
+    :erlang.load_nif(path, @load_info)
   end
 
   @doc """

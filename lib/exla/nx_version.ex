@@ -84,6 +84,19 @@ defmodule EXLA.NxVersion do
   @fact_default_integer if(@line == :v0_7, do: {:s, 64}, else: {:s, 32})
   def default_integer, do: @fact_default_integer
 
+  @doc """
+  Every fact of this module (its functions of no argument whose names end
+  in `?`) and its value: `%{blocks?: true, ...}`. The tests are tagged with
+  these names (`@tag nx: :streams?`) and leave out those whose fact is
+  false, so a fact added here is a tag at once.
+  """
+  def facts do
+    for {name, 0} <- __MODULE__.__info__(:functions),
+        String.ends_with?(Atom.to_string(name), "?"),
+        into: %{},
+        do: {name, apply(__MODULE__, name, [])}
+  end
+
   @doc "The callbacks of the compiled Nx's `Nx.Backend` behaviour."
   def backend_callbacks, do: Nx.Backend.behaviour_info(:callbacks)
 end

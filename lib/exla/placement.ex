@@ -41,14 +41,17 @@ defmodule EXLA.Placement do
   # and freeing a buffer under 1 MiB (`small_delete?/1`; a
   # larger one may unmap memory, about 50 µs per MiB on the host) run on the
   # calling scheduler; larger ones on a dirty scheduler. These are guards,
-  # so the per-call path pays no call for them.
+  # so the per-call path pays no call for them. The NIF applies the last
+  # rule too, to the buffers the garbage collector frees: it is given the
+  # size (`large_buffer_bytes/0`) when it loads, and destroys larger
+  # buffers on its drop thread.
 
   alias EXLA.MLIR.Facts
 
   @default_scheduler_elements 64 * 1024
   @small_transfer 64 * 1024
   @small_read 1024 * 1024
-  @small_delete 1024 * 1024
+  @large_buffer 1024 * 1024
 
   @doc """
   Where the runs of a program with `facts` on `device_count` devices
@@ -92,5 +95,13 @@ defmodule EXLA.Placement do
   defguard small_read?(bytes) when bytes <= @small_read
 
   @doc "Whether freeing a buffer of `bytes` runs on the calling scheduler."
-  defguard small_delete?(bytes) when bytes < @small_delete
+  defguard small_delete?(bytes) when bytes < @large_buffer
+
+  @doc """
+  The size from which a buffer is large: deleting it runs on a dirty
+  scheduler (`small_delete?/1`), and when its last reference goes the NIF
+  destroys it on its drop thread. `EXLA.NIF` hands it to the NIF as it
+  loads, so the two rules cannot drift apart.
+  """
+  def large_buffer_bytes, do: @large_buffer
 end

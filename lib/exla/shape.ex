@@ -8,39 +8,45 @@ defmodule EXLA.Shape do
 
   @type t :: %__MODULE__{dtype: Nx.Type.t() | {:pred, 8}, dims: tuple()}
 
-  # PJRT_Buffer_Type codes of the C API.
-  @codes [
-    {{:pred, 8}, 1},
-    {{:s, 8}, 2},
-    {{:s, 16}, 3},
-    {{:s, 32}, 4},
-    {{:s, 64}, 5},
-    {{:u, 8}, 6},
-    {{:u, 16}, 7},
-    {{:u, 32}, 8},
-    {{:u, 64}, 9},
-    {{:f, 16}, 10},
-    {{:f, 32}, 11},
-    {{:f, 64}, 12},
-    {{:bf, 16}, 13},
-    {{:c, 64}, 14},
-    {{:c, 128}, 15}
+  # The element types, in one table: each Nx type (and `{:pred, 8}`, XLA's
+  # booleans), its PJRT_Buffer_Type code in the C API and its name in
+  # MLIR. `EXLA.MLIR.Type` takes its names from here.
+  @element_types [
+    {{:pred, 8}, 1, "i1"},
+    {{:s, 8}, 2, "i8"},
+    {{:s, 16}, 3, "i16"},
+    {{:s, 32}, 4, "i32"},
+    {{:s, 64}, 5, "i64"},
+    {{:u, 8}, 6, "ui8"},
+    {{:u, 16}, 7, "ui16"},
+    {{:u, 32}, 8, "ui32"},
+    {{:u, 64}, 9, "ui64"},
+    {{:f, 16}, 10, "f16"},
+    {{:f, 32}, 11, "f32"},
+    {{:f, 64}, 12, "f64"},
+    {{:bf, 16}, 13, "bf16"},
+    {{:c, 64}, 14, "complex<f32>"},
+    {{:c, 128}, 15, "complex<f64>"}
   ]
 
-  # Types of Nx 0.9 and later (f8 is FP8 E5M2; s2, s4, u2 and u4 take a
-  # byte per element in host memory given to or read from PJRT, see
-  # to_device/2).
+  # Types that Nx 0.7.2 does not have (it refuses `{:f, 8}` too): f8 is
+  # FP8 E5M2; s2, s4, u2 and u4 take a byte per element in host memory
+  # given to or read from PJRT (see to_device/2).
   if EXLA.NxVersion.small_types?() do
-    @codes @codes ++
-             [
-               {{:f, 8}, 16},
-               {{:f8_e4m3fn, 8}, 17},
-               {{:s, 4}, 21},
-               {{:u, 4}, 22},
-               {{:s, 2}, 24},
-               {{:u, 2}, 25}
-             ]
+    @element_types @element_types ++
+                     [
+                       {{:f, 8}, 16, "f8E5M2"},
+                       {{:f8_e4m3fn, 8}, 17, "f8E4M3FN"},
+                       {{:s, 4}, 21, "i4"},
+                       {{:u, 4}, 22, "ui4"},
+                       {{:s, 2}, 24, "i2"},
+                       {{:u, 2}, 25, "ui2"}
+                     ]
   end
+
+  @doc false
+  # `[{type, pjrt_code, mlir_name}]`, for the compiled Nx.
+  def element_types, do: @element_types
 
   @doc """
   Builds a shape from an Nx type and a dimensions tuple.
@@ -136,7 +142,7 @@ defmodule EXLA.Shape do
   @doc false
   def type_code(dtype)
 
-  for {type, code} <- @codes do
+  for {type, code, _mlir} <- @element_types do
     def type_code(unquote(type)), do: unquote(code)
   end
 
@@ -148,7 +154,7 @@ defmodule EXLA.Shape do
   @doc false
   def to_spec(%EXLA.Shape{dtype: dtype, dims: dims}), do: {type_code(dtype), Tuple.to_list(dims)}
 
-  for {type, code} <- @codes do
+  for {type, code, _mlir} <- @element_types do
     defp dtype(unquote(code)), do: unquote(type)
   end
 end

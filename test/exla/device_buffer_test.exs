@@ -72,11 +72,6 @@ defmodule EXLA.DeviceBufferTest do
   }
   """
 
-  defp rss_bytes do
-    [_, kib] = Regex.run(~r/VmRSS:\s+(\d+) kB/, File.read!("/proc/self/status"))
-    String.to_integer(kib) * 1024
-  end
-
   @tag cpu_only:
          "measures the VM's resident memory, which on a GPU host the CUDA driver and " <>
            "other tests' pinned staging buffers move by gigabytes"
@@ -87,7 +82,7 @@ defmodule EXLA.DeviceBufferTest do
     shape = Shape.make_shape({:u, 8}, {32 * 1024 * 1024})
     data = :binary.copy(<<1>>, 32 * 1024 * 1024)
     scalar = Shape.make_shape({:f, 32}, {})
-    before = rss_bytes()
+    before = EXLA.TestMemory.rss_kb() * 1024
 
     for _ <- 1..48 do
       fresh = fn ->
@@ -102,7 +97,7 @@ defmodule EXLA.DeviceBufferTest do
       :erlang.garbage_collect()
     end
 
-    assert rss_bytes() - before < 1024 * 1024 * 1024
+    assert EXLA.TestMemory.rss_kb() * 1024 - before < 1024 * 1024 * 1024
   end
 
   test "copies to a device of the same client", %{client: client} do

@@ -365,26 +365,14 @@ defmodule EXLA.HooksTest do
     assert EXLA.HostCallback.session_count() == 0
   end
 
-  defp rss_kb do
-    "/proc/self/status"
-    |> File.read!()
-    |> then(&Regex.run(~r/VmRSS:\s+(\d+)/, &1))
-    |> Enum.at(1)
-    |> String.to_integer()
-  end
-
   @tag :slow
   @tag timeout: 600_000
   test "100,000 hooked calls keep the BEAM's and the process's memory flat" do
     fun = EXLA.jit(&hooked/2, hooks: %{sum: fn _ -> :ok end})
     a = Nx.tensor([1, 2])
-    for _ <- 1..5_000, do: fun.(a, a)
-    :erlang.garbage_collect()
-    {beam, rss} = {:erlang.memory(:total), rss_kb()}
-    for _ <- 1..100_000, do: fun.(a, a)
-    :erlang.garbage_collect()
-    assert :erlang.memory(:total) - beam < 20_000_000
-    assert rss_kb() - rss < 50_000
+    {beam, rss} = EXLA.TestMemory.growth(fn -> fun.(a, a) end, 5_000, 100_000)
+    assert beam < 20_000_000, "BEAM memory grew by #{beam} bytes"
+    assert rss < 50_000, "the process's RSS grew by #{rss} kB"
     assert EXLA.HostCallback.session_count() == 0
   end
 end

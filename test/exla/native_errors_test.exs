@@ -17,6 +17,13 @@ defmodule EXLA.NativeErrorsTest do
     end
   end
 
+  test "a library a plugin needs that does not load is an {:error, {kind, message}}" do
+    # As every NIF's error (EXLA.NIF): the loader's reason, as EXLA.Plugin.Cuda shows it.
+    assert {:error, {:runtime, message}} = NIF.library_load_global("libexla_nonexistent.so.1")
+    assert message =~ "libexla_nonexistent.so.1"
+    assert {:error, {:runtime, _}} = NIF.library_load_global("/nonexistent/libx.so")
+  end
+
   @tag :cargo
   test "a plugin of an older PJRT C API is refused, naming both versions" do
     # A bundle (scripts/bundle) carries it built, for hosts without cargo.

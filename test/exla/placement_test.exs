@@ -22,6 +22,21 @@ defmodule EXLA.PlacementTest do
     EXLA.Defn.Lowering.to_mlir(expr, shapes, opts)
   end
 
+  test "one table of element types: each is a type of the compiled Nx, with one MLIR name" do
+    types = EXLA.Shape.element_types()
+
+    for {type, code, name} <- types, type != {:pred, 8} do
+      assert Nx.Type.normalize!(type) == type
+      assert EXLA.MLIR.Type.element(type) == name
+      assert EXLA.MLIR.Type.parse_element(name) == {:ok, type}
+      assert EXLA.Shape.from_spec({code, []}).dtype == type
+    end
+
+    assert EXLA.MLIR.Type.parse_element("i1") == {:ok, :pred}
+    assert types |> Enum.map(&elem(&1, 2)) |> Enum.uniq() |> length() == length(types)
+    assert Enum.any?(types, &(elem(&1, 0) == {:f, 8})) == EXLA.NxVersion.small_types?()
+  end
+
   test "the builder records the facts of each op as it emits it" do
     x = Nx.iota({4, 5}, type: :f32)
     %{program: program} = lower(&Nx.sum(Nx.exp(&1)), [x])

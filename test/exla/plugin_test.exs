@@ -9,6 +9,36 @@ defmodule EXLA.PluginTest do
 
   doctest EXLA.Plugin
 
+  # What some tests need of this machine, found when this module compiles:
+  # where it lacks it, they are skipped, and say why.
+  @arch :erlang.system_info(:system_architecture) |> List.to_string() |> String.split("-") |> hd()
+  @linux :os.type() == {:unix, :linux}
+
+  @install_skip (unless @linux and @arch in ["x86_64", "aarch64"] do
+                   "EXLA installs CPU plugins on Linux on x86_64 and aarch64 only"
+                 end)
+
+  @lammps_skip (unless @linux and @arch == "x86_64" do
+                  "lammps-jax-pjrt-cpu is published for Linux on x86_64 only"
+                end)
+
+  @device_files ~w(/dev/nvidiactl /dev/nvidia0 /dev/dxg /dev/kfd /dev/accel0 /dev/vfio/0)
+  @device_files_skip (cond do
+                        not @linux ->
+                          "needs Linux"
+
+                        Enum.any?(@device_files, &File.exists?/1) ->
+                          "a driver's device files exist"
+
+                        true ->
+                          nil
+                      end)
+
+  @python3 System.find_executable("python3")
+  @pip @python3 != nil and
+         match?({_, 0}, System.cmd(@python3, ~w(-m pip --version), stderr_to_stdout: true))
+  @network_skip @install_skip || unless(@pip, do: "needs python3 with pip")
+
   # These tests find the plugins of the cache and of Python environments: a
   # plugin given by the environment (as when the suite runs on another
   # plugin) is set aside while they run.
@@ -350,15 +380,13 @@ defmodule EXLA.PluginTest do
     end
 
     # On a Linux machine without GPUs or TPUs, nothing is looked for.
-    test "is false on Linux without the platform's device files" do
-      files = ~w(/dev/nvidiactl /dev/nvidia0 /dev/dxg /dev/kfd /dev/accel0 /dev/vfio/0)
+    if @device_files_skip, do: @tag(skip: @device_files_skip)
 
-      if :os.type() == {:unix, :linux} and not Enum.any?(files, &File.exists?/1) do
-        for {platform, env} <- [cuda: "CUDA", rocm: "ROCM", tpu: "TPU"] do
-          with_env("EXLA_PJRT_PLUGIN_" <> env, nil, fn ->
-            with_env("TPU_LIBRARY_PATH", nil, fn -> refute Plugin.may_have_devices?(platform) end)
-          end)
-        end
+    test "is false on Linux without the platform's device files" do
+      for {platform, env} <- [cuda: "CUDA", rocm: "ROCM", tpu: "TPU"] do
+        with_env("EXLA_PJRT_PLUGIN_" <> env, nil, fn ->
+          with_env("TPU_LIBRARY_PATH", nil, fn -> refute Plugin.may_have_devices?(platform) end)
+        end)
       end
     end
   end
@@ -391,10 +419,10 @@ defmodule EXLA.PluginTest do
       assert hd(paths) == Plugin.cpu_plugin_path(cache_dir: dir)
 
       assert Path.relative_to(hd(paths), dir) ==
-               "plugins/xla-cpu-pjrt-0.0.1-#{arch()}/xla_cpu_pjrt.so"
+               "plugins/xla-cpu-pjrt-0.0.1-#{@arch}/xla_cpu_pjrt.so"
 
       assert Path.relative_to(Enum.at(paths, 1), dir) ==
-               "plugins/lammps-jax-pjrt-cpu-0.11.2-#{arch()}/pjrt_c_api_cpu_plugin.so"
+               "plugins/lammps-jax-pjrt-cpu-0.11.2-#{@arch}/pjrt_c_api_cpu_plugin.so"
     end
 
     test "the option, then the environment, then the application setting", %{tmp_dir: dir} do
@@ -489,39 +517,39 @@ defmodule EXLA.PluginTest do
       assert message =~ "The CPU plugins EXLA can install here: none."
     end
 
+    if @lammps_skip, do: @tag(skip: @lammps_skip)
+
     test "pip downloads the named plugin by its pins", %{tmp_dir: dir} do
-      if arch() == "x86_64" and :os.type() == {:unix, :linux} do
-        args_file = Path.join(dir, "args")
+      args_file = Path.join(dir, "args")
 
-        python =
-          script(dir, "python", """
-          while [ $# -gt 0 ]; do
-            case "$1" in -r) cat "$2" >> #{args_file} ;; esac
-            shift
-          done
-          """)
+      python =
+        script(dir, "python", """
+        while [ $# -gt 0 ]; do
+          case "$1" in -r) cat "$2" >> #{args_file} ;; esac
+          shift
+        done
+        """)
 
-        error =
-          assert_raise RuntimeError, fn ->
-            Plugin.install!(cache_dir: dir, python: python, cpu_plugin: @lammps)
-          end
-
-        assert Exception.message(error) =~ "(the Python package lammps-jax-pjrt-cpu==0.11.2)"
-        assert Exception.message(error) =~ "pip reported success but did not save"
-
-        assert File.read!(args_file) ==
-                 "lammps-jax-pjrt-cpu==0.11.2 --hash=sha256:" <>
-                   "1319390d948b39f69f7dade496b7c385149d9ca6097a6b62114da113216d9ad1\n"
-
-        fake = fake_wheel(dir, [{"lammps_jax_pjrt_cpu/pjrt_c_api_cpu_plugin.so", "fake"}])
-
-        assert_raise RuntimeError, ~r/EXLA refuses to use it/, fn ->
-          Plugin.install_from_wheel!(fake, cache_dir: dir, cpu_plugin: @lammps)
+      error =
+        assert_raise RuntimeError, fn ->
+          Plugin.install!(cache_dir: dir, python: python, cpu_plugin: @lammps)
         end
 
-        refute File.exists?(Plugin.cpu_plugin_path(cache_dir: dir, cpu_plugin: @lammps))
-        assert leftovers(dir) == []
+      assert Exception.message(error) =~ "(the Python package lammps-jax-pjrt-cpu==0.11.2)"
+      assert Exception.message(error) =~ "pip reported success but did not save"
+
+      assert File.read!(args_file) ==
+               "lammps-jax-pjrt-cpu==0.11.2 --hash=sha256:" <>
+                 "1319390d948b39f69f7dade496b7c385149d9ca6097a6b62114da113216d9ad1\n"
+
+      fake = fake_wheel(dir, [{"lammps_jax_pjrt_cpu/pjrt_c_api_cpu_plugin.so", "fake"}])
+
+      assert_raise RuntimeError, ~r/EXLA refuses to use it/, fn ->
+        Plugin.install_from_wheel!(fake, cache_dir: dir, cpu_plugin: @lammps)
       end
+
+      refute File.exists?(Plugin.cpu_plugin_path(cache_dir: dir, cpu_plugin: @lammps))
+      assert leftovers(dir) == []
     end
   end
 
@@ -569,6 +597,33 @@ defmodule EXLA.PluginTest do
         assert String.starts_with?(Plugin.cpu_plugin_path(), dir)
       end)
     end
+
+    test "its layout is EXLA.CacheDir's, the NIF compiler's folder included", %{tmp_dir: dir} do
+      for value <- [nil, dir] do
+        with_env("EXLA_CACHE_DIR", value, fn ->
+          root = EXLA.CacheDir.root()
+          assert Plugin.cache_dir() == root
+          assert Mix.Tasks.Compile.ExlaNative.cache_dir() == EXLA.CacheDir.folder(:nif)
+          assert compile_cache_default() == Path.join(root, "compiled")
+
+          assert Path.dirname(Path.dirname(Plugin.cpu_plugin_path())) ==
+                   Path.join(root, "plugins")
+        end)
+      end
+    end
+  end
+
+  # The compile cache's directory when `config :exla, :cache_dir` is unset
+  # (the tests set it).
+  defp compile_cache_default do
+    configured = Application.fetch_env!(:exla, :cache_dir)
+    Application.delete_env(:exla, :cache_dir)
+
+    try do
+      EXLA.CompileCache.Config.dir()
+    after
+      Application.put_env(:exla, :cache_dir, configured)
+    end
   end
 
   describe "available?/2 for :host" do
@@ -579,7 +634,7 @@ defmodule EXLA.PluginTest do
       refute Plugin.available?(:host, cache_dir: dir, python: "/nonexistent/python3")
       refute Plugin.available?(:host, cache_dir: dir, python: python, install: false)
 
-      if supported_arch?() do
+      if @install_skip == nil do
         assert Plugin.available?(:host, cache_dir: dir, python: python)
       end
 
@@ -689,179 +744,177 @@ defmodule EXLA.PluginTest do
   describe "install!/1" do
     @describetag :tmp_dir
 
+    if @install_skip, do: @tag(skip: @install_skip)
+
     test "explains what to do when python3 is missing", %{tmp_dir: dir} do
-      if supported_arch?() do
-        error =
-          assert_raise RuntimeError, fn ->
-            Plugin.install!(cache_dir: dir, python: "/nonexistent/python3")
-          end
-
-        message = Exception.message(error)
-        assert message =~ "the Python interpreter /nonexistent/python3 was not found"
-        assert_instructions(message)
-      end
-    end
-
-    test "explains what to do when pip is missing or fails", %{tmp_dir: dir} do
-      if supported_arch?() do
-        cases = [
-          {"/usr/bin/python3: No module named pip", ~r/pip is not installed for .*no_pip/,
-           "no_pip"},
-          {"ERROR: No matching distribution found for xla-cpu-pjrt==0.0.1",
-           ~r/failed with exit status 1:\s+ERROR: No matching distribution found/, "failing"}
-        ]
-
-        for {stderr, expected, name} <- cases do
-          python = script(dir, name, "echo '#{stderr}' >&2\nexit 1\n")
-
-          error =
-            assert_raise RuntimeError, fn -> Plugin.install!(cache_dir: dir, python: python) end
-
-          assert Exception.message(error) =~ expected
-          assert_instructions(Exception.message(error))
+      error =
+        assert_raise RuntimeError, fn ->
+          Plugin.install!(cache_dir: dir, python: "/nonexistent/python3")
         end
 
-        refute File.exists?(Plugin.cpu_plugin_path(cache_dir: dir))
-        assert leftovers(dir) == []
-      end
+      message = Exception.message(error)
+      assert message =~ "the Python interpreter /nonexistent/python3 was not found"
+      assert_instructions(message)
     end
 
-    test "passes pinned hashes to pip and checks the download again", %{tmp_dir: dir} do
-      if supported_arch?() do
-        fake = fake_wheel(dir, [{@member, "a fake library"}])
-        args_file = Path.join(dir, "args")
+    if @install_skip, do: @tag(skip: @install_skip)
 
-        python =
-          script(dir, "python", """
-          echo "$@" > #{args_file}
-          while [ $# -gt 0 ]; do
-            case "$1" in
-              -r) cat "$2" >> #{args_file} ;;
-              -d) out="$2" ;;
-            esac
-            shift
-          done
-          mkdir -p "$out"
-          for wheel in #{Enum.join(@wheels, " ")}; do cp #{fake} "$out/$wheel"; done
-          """)
+    test "explains what to do when pip is missing or fails", %{tmp_dir: dir} do
+      cases = [
+        {"/usr/bin/python3: No module named pip", ~r/pip is not installed for .*no_pip/,
+         "no_pip"},
+        {"ERROR: No matching distribution found for xla-cpu-pjrt==0.0.1",
+         ~r/failed with exit status 1:\s+ERROR: No matching distribution found/, "failing"}
+      ]
+
+      for {stderr, expected, name} <- cases do
+        python = script(dir, name, "echo '#{stderr}' >&2\nexit 1\n")
 
         error =
           assert_raise RuntimeError, fn -> Plugin.install!(cache_dir: dir, python: python) end
 
-        assert Exception.message(error) =~
-                 ~r/has sha256 [0-9a-f]{64} but [0-9a-f]{64} was expected/
-
-        args = File.read!(args_file)
-
-        assert args =~
-                 "-m pip download --no-deps --only-binary=:all: --require-hashes"
-
-        # a network that does not answer is given up on
-        assert args =~ "--timeout 30 --retries 1"
-
-        assert args =~ "xla-cpu-pjrt==0.0.1"
-
-        assert args =~
-                 "--hash=sha256:55837b6b7b47daa717f2d9a5a03563ea0ceaa338d06a81a1e2d3f060d960decc"
-
-        assert args =~
-                 "--hash=sha256:8f613be6e891858f40d64f9799319502fff42689661944fc18a6ffd8210b30c9"
-
-        refute File.exists?(Plugin.cpu_plugin_path(cache_dir: dir))
-        assert leftovers(dir) == []
+        assert Exception.message(error) =~ expected
+        assert_instructions(Exception.message(error))
       end
+
+      refute File.exists?(Plugin.cpu_plugin_path(cache_dir: dir))
+      assert leftovers(dir) == []
+    end
+
+    if @install_skip, do: @tag(skip: @install_skip)
+
+    test "passes pinned hashes to pip and checks the download again", %{tmp_dir: dir} do
+      fake = fake_wheel(dir, [{@member, "a fake library"}])
+      args_file = Path.join(dir, "args")
+
+      python =
+        script(dir, "python", """
+        echo "$@" > #{args_file}
+        while [ $# -gt 0 ]; do
+          case "$1" in
+            -r) cat "$2" >> #{args_file} ;;
+            -d) out="$2" ;;
+          esac
+          shift
+        done
+        mkdir -p "$out"
+        for wheel in #{Enum.join(@wheels, " ")}; do cp #{fake} "$out/$wheel"; done
+        """)
+
+      error = assert_raise RuntimeError, fn -> Plugin.install!(cache_dir: dir, python: python) end
+
+      assert Exception.message(error) =~
+               ~r/has sha256 [0-9a-f]{64} but [0-9a-f]{64} was expected/
+
+      args = File.read!(args_file)
+
+      assert args =~
+               "-m pip download --no-deps --only-binary=:all: --require-hashes"
+
+      # a network that does not answer is given up on
+      assert args =~ "--timeout 30 --retries 1"
+
+      assert args =~ "xla-cpu-pjrt==0.0.1"
+
+      assert args =~
+               "--hash=sha256:55837b6b7b47daa717f2d9a5a03563ea0ceaa338d06a81a1e2d3f060d960decc"
+
+      assert args =~
+               "--hash=sha256:8f613be6e891858f40d64f9799319502fff42689661944fc18a6ffd8210b30c9"
+
+      refute File.exists?(Plugin.cpu_plugin_path(cache_dir: dir))
+      assert leftovers(dir) == []
     end
 
     # A package index on loopback that accepts connections and never
     # answers: pip gives up after EXLA_DOWNLOAD_TIMEOUT seconds, twice, and
     # the error says so (the test's own timeout catches a hang).
     @tag timeout: 120_000
+    if @network_skip, do: @tag(skip: @network_skip)
+
     test "gives up on a network that does not answer", %{tmp_dir: dir} do
       python = System.find_executable("python3")
 
-      if supported_arch?() and python != nil and
-           match?({_, 0}, System.cmd(python, ~w(-m pip --version), stderr_to_stdout: true)) do
-        {:ok, listener} = :gen_tcp.listen(0, [:binary, active: false, ip: {127, 0, 0, 1}])
-        {:ok, port} = :inet.port(listener)
-        blackhole = spawn_link(fn -> hold_connections(listener, []) end)
+      {:ok, listener} = :gen_tcp.listen(0, [:binary, active: false, ip: {127, 0, 0, 1}])
+      {:ok, port} = :inet.port(listener)
+      blackhole = spawn_link(fn -> hold_connections(listener, []) end)
 
-        env = [
-          {"PIP_INDEX_URL", "http://127.0.0.1:#{port}/simple"},
-          {"PIP_EXTRA_INDEX_URL", nil},
-          {"PIP_FIND_LINKS", nil},
-          {"PIP_CONFIG_FILE", "/dev/null"},
-          {"no_proxy", "127.0.0.1"},
-          {"NO_PROXY", "127.0.0.1"},
-          {"EXLA_DOWNLOAD_TIMEOUT", "2"}
-        ]
+      env = [
+        {"PIP_INDEX_URL", "http://127.0.0.1:#{port}/simple"},
+        {"PIP_EXTRA_INDEX_URL", nil},
+        {"PIP_FIND_LINKS", nil},
+        {"PIP_CONFIG_FILE", "/dev/null"},
+        {"no_proxy", "127.0.0.1"},
+        {"NO_PROXY", "127.0.0.1"},
+        {"EXLA_DOWNLOAD_TIMEOUT", "2"}
+      ]
 
-        error =
-          with_envs(env, fn ->
-            assert_raise RuntimeError, fn -> Plugin.install!(cache_dir: dir, python: python) end
-          end)
+      error =
+        with_envs(env, fn ->
+          assert_raise RuntimeError, fn -> Plugin.install!(cache_dir: dir, python: python) end
+        end)
 
-        message = Exception.message(error)
-        assert message =~ "the package index did not answer within 2 seconds"
-        assert message =~ "timed out"
-        assert_instructions(message)
-        refute File.exists?(Plugin.cpu_plugin_path(cache_dir: dir))
-        assert leftovers(dir) == []
-        Process.unlink(blackhole)
-        Process.exit(blackhole, :kill)
-        :gen_tcp.close(listener)
-      end
+      message = Exception.message(error)
+      assert message =~ "the package index did not answer within 2 seconds"
+      assert message =~ "timed out"
+      assert_instructions(message)
+      refute File.exists?(Plugin.cpu_plugin_path(cache_dir: dir))
+      assert leftovers(dir) == []
+      Process.unlink(blackhole)
+      Process.exit(blackhole, :kill)
+      :gen_tcp.close(listener)
     end
+
+    if @install_skip, do: @tag(skip: @install_skip)
 
     test "an EXLA_DOWNLOAD_TIMEOUT that is no positive integer raises before anything runs",
          %{tmp_dir: dir} do
-      if supported_arch?() do
-        ran = Path.join(dir, "ran")
-        python = script(dir, "python", "touch #{ran}\n")
+      ran = Path.join(dir, "ran")
+      python = script(dir, "python", "touch #{ran}\n")
 
-        for value <- ["soon", "0", "-5", "2.5"] do
-          error =
-            with_env("EXLA_DOWNLOAD_TIMEOUT", value, fn ->
-              assert_raise ArgumentError, fn ->
-                Plugin.install!(cache_dir: dir, python: python)
-              end
-            end)
+      for value <- ["soon", "0", "-5", "2.5"] do
+        error =
+          with_env("EXLA_DOWNLOAD_TIMEOUT", value, fn ->
+            assert_raise ArgumentError, fn ->
+              Plugin.install!(cache_dir: dir, python: python)
+            end
+          end)
 
-          assert Exception.message(error) ==
-                   "expected the environment variable EXLA_DOWNLOAD_TIMEOUT to be a " <>
-                     "positive number of seconds, got: #{inspect(value)}"
-        end
-
-        refute File.exists?(ran)
-        refute File.exists?(Plugin.cpu_plugin_path(cache_dir: dir))
-        assert leftovers(dir) == []
+        assert Exception.message(error) ==
+                 "expected the environment variable EXLA_DOWNLOAD_TIMEOUT to be a " <>
+                   "positive number of seconds, got: #{inspect(value)}"
       end
+
+      refute File.exists?(ran)
+      refute File.exists?(Plugin.cpu_plugin_path(cache_dir: dir))
+      assert leftovers(dir) == []
     end
+
+    if @install_skip, do: @tag(skip: @install_skip)
 
     test "explains what to do when the cache is not writable", %{tmp_dir: dir} do
-      if supported_arch?() do
-        python = script(dir, "python", "exit 0\n")
-        # a file where the cache directory should be
-        cache = Path.join(dir, "cache")
-        File.write!(cache, "")
+      python = script(dir, "python", "exit 0\n")
+      # a file where the cache directory should be
+      cache = Path.join(dir, "cache")
+      File.write!(cache, "")
 
-        error =
-          assert_raise RuntimeError, fn -> Plugin.install!(cache_dir: cache, python: python) end
+      error =
+        assert_raise RuntimeError, fn -> Plugin.install!(cache_dir: cache, python: python) end
 
-        assert Exception.message(error) =~ "Set EXLA_CACHE_DIR to a directory you can write to"
-        assert_instructions(Exception.message(error))
-      end
+      assert Exception.message(error) =~ "Set EXLA_CACHE_DIR to a directory you can write to"
+      assert_instructions(Exception.message(error))
     end
 
+    if @install_skip, do: @tag(skip: @install_skip)
+
     test "install_from_wheel!/2 checks the pinned hash", %{tmp_dir: dir} do
-      if supported_arch?() do
-        fake = fake_wheel(dir, [{@member, "a fake library"}])
+      fake = fake_wheel(dir, [{@member, "a fake library"}])
 
-        assert_raise RuntimeError, ~r/EXLA refuses to use it/, fn ->
-          Plugin.install_from_wheel!(fake, cache_dir: dir)
-        end
-
-        refute File.exists?(Plugin.cpu_plugin_path(cache_dir: dir))
+      assert_raise RuntimeError, ~r/EXLA refuses to use it/, fn ->
+        Plugin.install_from_wheel!(fake, cache_dir: dir)
       end
+
+      refute File.exists?(Plugin.cpu_plugin_path(cache_dir: dir))
     end
 
     # Downloads 60 MB: run with EXLA_TEST_DOWNLOAD=1.
@@ -872,7 +925,7 @@ defmodule EXLA.PluginTest do
         assert path == Plugin.cpu_plugin_path(cache_dir: dir)
         assert File.stat!(path).size > 100_000_000
 
-        if arch() == "x86_64" do
+        if @arch == "x86_64" do
           assert Plugin.sha256_file(path) ==
                    "88c3f28c5900f48ad4a82cab9e79bba9537809743395e341485f8794268820dc"
         end
@@ -881,9 +934,9 @@ defmodule EXLA.PluginTest do
 
         # the others with a wheel for this machine, each verified by its pin
         for name <- tl(Plugin.cpu_plugins()),
-            match?({:ok, _}, Install.cpu_wheel(Install.pin(name), arch())) do
+            match?({:ok, _}, Install.cpu_wheel(Install.pin(name), @arch)) do
           path = Plugin.install!(cache_dir: dir, cpu_plugin: name)
-          {_, _, library_sha256} = Install.pin(name).wheels[arch()]
+          {_, _, library_sha256} = Install.pin(name).wheels[@arch]
           assert Plugin.sha256_file(path) == library_sha256
           assert Plugin.path!(:host, cache_dir: dir, cpu_plugin: name) == path
         end
@@ -898,13 +951,5 @@ defmodule EXLA.PluginTest do
     assert message =~ "python3-pip"
     assert message =~ ~s|host: [platform: :host, plugin: "/path/to/xla_cpu_pjrt.so"]|
     assert message =~ "EXLA_PJRT_PLUGIN_HOST"
-  end
-
-  defp arch do
-    :erlang.system_info(:system_architecture) |> List.to_string() |> String.split("-") |> hd()
-  end
-
-  defp supported_arch? do
-    :os.type() == {:unix, :linux} and arch() in ["x86_64", "aarch64"]
   end
 end

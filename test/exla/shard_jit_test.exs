@@ -155,13 +155,22 @@ defmodule EXLA.ShardJitTest do
   end
 
   test "the annotations of a mesh" do
-    assert EXLA.Defn.Sharding.annotation(%{}, 2, {2}) == "{replicated}"
-    assert EXLA.Defn.Sharding.annotation(%{0 => 0}, 2, {2}) == "{devices=[2,1]0,1}"
-    assert EXLA.Defn.Sharding.annotation(%{1 => 0}, 2, {4}) == "{devices=[1,4]0,1,2,3}"
-    assert EXLA.Defn.Sharding.annotation(%{0 => 1, 1 => 0}, 2, {2, 2}) == "{devices=[2,2]0,2,1,3}"
+    # A tuple mesh's sharding as dim axes (EXLA.Defn.Sharding.sharding!/4).
+    annotation = fn sharding, dims, mesh ->
+      sharding
+      |> EXLA.Defn.Sharding.sharding!(dims, mesh, 0)
+      |> EXLA.Defn.Sharding.annotation(mesh)
+    end
 
-    assert EXLA.Defn.Sharding.annotation(%{0 => 1}, 1, {2, 2}) ==
-             "{devices=[2,2]0,2,1,3 last_tile_dim_replicate}"
+    assert annotation.(%{}, {2, 2}, {2}) == "{replicated}"
+    assert annotation.(%{0 => 0}, {2, 2}, {2}) == "{devices=[2,1]0,1}"
+    assert annotation.(%{1 => 0}, {4, 4}, {4}) == "{devices=[1,4]0,1,2,3}"
+    assert annotation.(%{0 => 1, 1 => 0}, {2, 2}, {2, 2}) == "{devices=[2,2]0,2,1,3}"
+    assert annotation.(%{0 => 1}, {2}, {2, 2}) == "{devices=[2,2]0,2,1,3 last_tile_dim_replicate}"
+
+    # An Nx.Mesh's: a tensor axis over several mesh axes, major first.
+    assert EXLA.Defn.Sharding.annotation([[0, 1], []], {2, 2}) == "{devices=[4,1]0,1,2,3}"
+    assert EXLA.Defn.Sharding.annotation([[1, 0], []], {2, 2}) == "{devices=[4,1]0,2,1,3}"
   end
 
   describe "EXLA.Executable on several devices" do

@@ -415,28 +415,14 @@ defmodule EXLA.StreamTest do
     EXLA.LoweringCase.assert_tensor(acc, Nx.Stream.done(stream))
   end
 
-  defp rss_kb do
-    "/proc/self/status"
-    |> File.read!()
-    |> then(&Regex.run(~r/VmRSS:\s+(\d+)/, &1))
-    |> Enum.at(1)
-    |> String.to_integer()
-  end
-
   @tag :slow
   @tag timeout: 600_000
   test "100,000 chunks keep the BEAM's and the process's memory flat" do
     stream = EXLA.stream(&sum/2, [0, 0])
     round = fn -> Nx.Stream.send(stream, 1) && Nx.Stream.recv(stream) end
-    for _ <- 1..5_000, do: round.()
-    :erlang.garbage_collect()
-    {before, rss} = {:erlang.memory(:total), rss_kb()}
-    for _ <- 1..100_000, do: round.()
-    :erlang.garbage_collect()
-    growth = :erlang.memory(:total) - before
-    assert growth < 20_000_000, "BEAM memory grew by #{growth} bytes"
-    rss_growth = rss_kb() - rss
-    assert rss_growth < 50_000, "the process's RSS grew by #{rss_growth} kB"
+    {beam, rss} = EXLA.TestMemory.growth(round, 5_000, 100_000)
+    assert beam < 20_000_000, "BEAM memory grew by #{beam} bytes"
+    assert rss < 50_000, "the process's RSS grew by #{rss} kB"
     assert Nx.to_number(Nx.Stream.done(stream)) == 105_000
   end
 end

@@ -15,7 +15,7 @@ defmodule EXLA.CompileCache.Config do
   @doc "The cache directory, or `nil` when the cache is off."
   def dir do
     case Application.get_env(:exla, :cache_dir) do
-      nil -> Path.join(EXLA.Plugin.cache_dir(), "compiled")
+      nil -> EXLA.CacheDir.folder(:compiled)
       false -> nil
       dir when is_binary(dir) and dir != "" -> dir
       other -> raise ArgumentError, bad_config(:cache_dir, "a path or false", other)

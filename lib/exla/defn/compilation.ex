@@ -16,6 +16,31 @@ defmodule EXLA.Defn.Compilation do
   # (which include the client and device). Caches are
   # `EXLA.LockedCache`: concurrent callers of the same key wait for one
   # compilation. Running a compiled function is `EXLA.Defn.Call`'s business.
+  #
+  # A cache miss (`compile/5`) does, in order:
+  #
+  #   1. checks the options (`validate_options!/1`) and takes the key's
+  #      lock in `EXLA.LockedCache`: one caller compiles, the others wait
+  #      for its result;
+  #   2. for an anonymous function made on another connected node, loads
+  #      the executable that node has cached for the same key, client and
+  #      device, if any (`from_origin/3`), and stops there;
+  #   3. evaluates the function on its parameters to an `Nx.Defn.Expr`
+  #      (`compilation/5`, timed);
+  #   4. lowers the expression to an `EXLA.MLIR.Program`
+  #      (`EXLA.Defn.Lowering`), with its host calls' sites, and with lazy
+  #      transfers one program per set of device inputs (`lazy_variants/4`);
+  #      registers the host-callback handler where the program calls the
+  #      host;
+  #   5. compiles it through the caches of programs by text, in this VM and
+  #      on disk (`EXLA.CompileCache`), the plugin compiling only on a miss
+  #      of both;
+  #   6. builds the `EXLA.Defn.Compiled`: the executable, the parameters'
+  #      shapes and donations (`parameters/4`), the output template and its
+  #      builder;
+  #   7. reports the compilation (`EXLA.Defn.CompileReport`: debug lines,
+  #      the telemetry events, the recompilation count) and stores the
+  #      result under the key.
 
   require Logger
 

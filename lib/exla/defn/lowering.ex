@@ -42,7 +42,7 @@ defmodule EXLA.Defn.Lowering do
   # that changes such a difference updates that list.
 
   alias EXLA.MLIR.{Builder, Check, Ops, Value}
-  alias EXLA.Defn.Lowering.HostCalls
+  alias EXLA.Defn.Lowering.{Hooks, HostCalls}
   alias Nx.Defn.{Composite, Expr}
   alias Nx.Tensor, as: T
 
@@ -110,7 +110,7 @@ defmodule EXLA.Defn.Lowering do
     # With active hooks, the program takes the host-callback chain last.
     hooks = opts[:hooks]
     lazy? = opts[:lazy_inputs] not in [false, nil]
-    chain? = lazy? or (hooks != nil and HostCalls.active?(output_expr, hooks))
+    chain? = lazy? or (hooks != nil and Hooks.active?(output_expr, hooks))
     # Lazy inputs are not parameters: the parameter tuple holds their types.
     {arg_types, lazy} =
       if lazy?,
@@ -566,7 +566,7 @@ defmodule EXLA.Defn.Lowering do
     chain = b.assigns.chain
 
     {results, b} =
-      if chain && HostCalls.active?(condition, b.assigns.hooks) do
+      if chain && Hooks.active?(condition, b.assigns.hooks) do
         lower_hooked_while(inits, condition, block, b)
       else
         lower_while(inits, condition, block, b)
@@ -713,7 +713,7 @@ defmodule EXLA.Defn.Lowering do
 
   defp hooked_predicates?(clauses, b) do
     b.assigns.chain != nil and
-      Enum.any?(clauses, fn {pred, _} -> HostCalls.active?(pred, b.assigns.hooks) end)
+      Enum.any?(clauses, fn {pred, _} -> Hooks.active?(pred, b.assigns.hooks) end)
   end
 
   defp lower_case(clauses, last, types, b) do

@@ -15,6 +15,12 @@ defmodule EXLA.Defn.Sharded do
   # With an `%Nx.Mesh{}` (Nx 0.12 and later, `shard_jit/6`, upstream
   # EXLA's semantics) the inputs come already cut, one list per partition,
   # and each partition returns its part of the results (Shardy).
+  #
+  # Both forms take one path once their shardings are checked (as dim axes,
+  # see EXLA.Defn.Sharding): the same cache, lowering and compilation
+  # (`compile/6`, told by a layout what to annotate and how results come
+  # back), and the same run (`run_parts/2`), to which a tuple mesh's call
+  # hands the parts it cut.
   @behaviour Nx.Defn.Compiler
 
   alias Nx.Defn.Composite
@@ -87,27 +93,26 @@ defmodule EXLA.Defn.Sharded do
     end
 
     build = fn -> build_mesh(key, whole, fun, mesh, partitions, shardings, opts) end
-    vars_key = EXLA.Defn.Compilation.vars_key(whole)
-    cache_key = EXLA.SharedTerm.key({:shard_jit_mesh, key, vars_key, mesh, shardings, opts}, key)
+    compiled = cached(:shard_jit_mesh, key, whole, mesh, shardings, opts, build)
 
-    {_hit_miss_or_off, compiled} =
-      LockedCache.fetch_or_build(opts[:cache], cache_key, :permanent, build)
-
-    run_parts(compiled, args_list)
+    for args <- args_list do
+      args = List.to_tuple(args)
+      Enum.zip_with(compiled.params, compiled.part_shapes, &part_tensor(elem(args, &1), &2.dtype))
+    end
+    |> then(&run_parts(compiled, &1))
   end
 
   defp mesh_shardings!(shardings, inputs, mesh) when is_list(shardings) do
-    if length(shardings) != length(inputs) do
-      raise ArgumentError,
-            "expected #{length(inputs)} input sharding configuration(s), one per input " <>
-              "tensor, got #{length(shardings)}"
-    end
+    count_message =
+      "expected #{length(inputs)} input sharding configuration(s), one per input " <>
+        "tensor, got #{length(shardings)}"
 
-    inputs
-    |> Enum.zip(shardings)
-    |> Enum.with_index(fn {t, sharding}, index ->
-      Sharding.mesh_sharding!(sharding, t, mesh.shape, index)
-    end)
+    each_sharding!(
+      shardings,
+      inputs,
+      count_message,
+      &Sharding.mesh_sharding!(&1, &2, mesh.shape, &3)
+    )
   end
 
   defp mesh_shardings!(other, _inputs, _mesh) do
@@ -132,13 +137,12 @@ defmodule EXLA.Defn.Sharded do
 
     layout = %{
       lowering: mesh_lowering(mesh, shardings),
-      part_dims: &Sharding.part_dims_of(&1, &2, mesh.shape),
       results: :parts,
       compile: [num_partitions: partitions, partitioner: :shardy]
     }
 
     EXLA.Defn.Compilation.compilation(key, vars, fun, opts, fn expr ->
-      {compile(client, expr, inputs, mesh, shardings, layout, opts), :off}
+      {compile(client, expr, inputs, mesh.shape, shardings, layout, opts), :off}
     end)
   end
 
@@ -163,17 +167,16 @@ defmodule EXLA.Defn.Sharded do
     EXLA.Defn.Compilation.mlir_module_result(expr, lowered)
   end
 
-  # Each part goes to its partition's device as Call.to_buffer/4 sends any
-  # argument: a part already there (the results of another call) is used
-  # as it is.
-  defp run_parts(%__MODULE__{exe: exe} = compiled, args_list) do
+  # Runs every partition on its parts (one tensor per parameter), and
+  # returns each partition's results. Each part goes to its partition's
+  # device as Call.to_buffer/4 sends any argument: a part already there
+  # (the results of another call) is used as it is.
+  defp run_parts(%__MODULE__{exe: exe} = compiled, parts_list) do
     lists =
-      [args_list, exe.devices, Enum.to_list(0..(length(args_list) - 1))]
-      |> Enum.zip_with(fn [args, device_id, partition] ->
-        args = List.to_tuple(args)
-
-        Enum.zip_with(compiled.params, compiled.part_shapes, fn i, shape ->
-          t = part_tensor(elem(args, i), shape.dtype)
+      [parts_list, exe.devices, Enum.to_list(0..(length(parts_list) - 1))]
+      |> Enum.zip_with(fn [parts, device_id, partition] ->
+        [parts, compiled.params, compiled.part_shapes]
+        |> Enum.zip_with(fn [t, i, shape] ->
           check_part!(t, shape, i, partition)
           EXLA.Defn.Call.to_buffer(t, shape, exe.client, device_id)
         end)
@@ -219,8 +222,15 @@ defmodule EXLA.Defn.Sharded do
     {shardings, opts} = Keyword.pop(opts, :input_shardings)
     opts = EXLA.Defn.Compilation.validate_options!(opts)
     build = fn -> build(key, vars, fun, mesh, shardings, opts) end
+    cached(:shard_jit, key, vars, mesh, shardings, opts, build)
+  end
+
+  # The compiled program of either form, built once per function, inputs,
+  # mesh, shardings and options.
+  defp cached(form, key, vars, mesh, shardings, opts, build) do
     vars_key = EXLA.Defn.Compilation.vars_key(vars)
-    cache_key = EXLA.SharedTerm.key({:shard_jit, key, vars_key, mesh, shardings, opts}, key)
+    # The function and options are the user's (see EXLA.SharedTerm).
+    cache_key = EXLA.SharedTerm.key({form, key, vars_key, mesh, shardings, opts}, key)
 
     {_hit_miss_or_off, compiled} =
       LockedCache.fetch_or_build(opts[:cache], cache_key, :permanent, build)
@@ -238,16 +248,13 @@ defmodule EXLA.Defn.Sharded do
 
     # The partitioned program is compiled afresh (it skips the disk cache).
     EXLA.Defn.Compilation.compilation(key, vars, fun, opts, fn expr ->
-      layout = tuple_layout(inputs, expr, mesh, partitions, shardings)
+      layout = tuple_layout(expr, mesh, partitions, shardings)
       {compile(client, expr, inputs, mesh, shardings, layout, opts), :off}
     end)
   end
 
-  defp tuple_layout(inputs, expr, mesh, partitions, shardings) do
-    arg_attrs =
-      Enum.zip_with(inputs, shardings, fn t, sharding ->
-        [{"mhlo.sharding", ~s("#{Sharding.annotation(sharding, tuple_size(t.shape), mesh)}")}]
-      end)
+  defp tuple_layout(expr, mesh, partitions, shardings) do
+    arg_attrs = Enum.map(shardings, &[{"mhlo.sharding", ~s("#{Sharding.annotation(&1, mesh)}")}])
 
     result_count = length(Composite.flatten_list([expr]))
 
@@ -262,7 +269,6 @@ defmodule EXLA.Defn.Sharded do
           {"mhlo.num_replicas", "1 : i32"}
         ]
       ],
-      part_dims: &Sharding.part_dims(&1, &2, mesh),
       results: :whole,
       compile: [num_partitions: partitions]
     }
@@ -274,15 +280,15 @@ defmodule EXLA.Defn.Sharded do
   # is given here, the lowering keeps exactly those as parameters); its
   # results are whole (`results: :whole`) or the parts the partitioner gave
   # it, whose shapes the plugin tells (`:parts`).
-  defp compile(client, expr, inputs, mesh, shardings, layout, opts) do
+  defp compile(client, expr, inputs, shape, shardings, layout, opts) do
     %{program: program, used_inputs: params} = lower(client, expr, inputs, layout.lowering, opts)
 
     param_shardings = Enum.map(params, &Enum.at(shardings, &1))
 
     part_shapes =
-      Enum.zip_with(params, param_shardings, fn i, sharding ->
+      Enum.zip_with(params, param_shardings, fn i, dim_axes ->
         t = Enum.at(inputs, i)
-        EXLA.Shape.make_shape(t.type, layout.part_dims.(t.shape, sharding))
+        EXLA.Shape.make_shape(t.type, Sharding.part_dims(t.shape, dim_axes, shape))
       end)
 
     output_shapes = if layout.results == :whole, do: program.output_shapes
@@ -290,7 +296,7 @@ defmodule EXLA.Defn.Sharded do
 
     %__MODULE__{
       exe: Executable.compile(client, program, layout.compile),
-      mesh: mesh,
+      mesh: shape,
       params: params,
       shardings: param_shardings,
       part_shapes: part_shapes,
@@ -310,18 +316,15 @@ defmodule EXLA.Defn.Sharded do
     )
   end
 
-  defp input_shardings!(nil, inputs, _mesh), do: Enum.map(inputs, fn _ -> %{} end)
+  defp input_shardings!(nil, inputs, _mesh),
+    do: Enum.map(inputs, &List.duplicate([], tuple_size(&1.shape)))
 
   defp input_shardings!(shardings, inputs, mesh) when is_list(shardings) do
-    if length(shardings) != length(inputs) do
-      raise ArgumentError,
-            "expected one sharding per input tensor (#{length(inputs)}), got " <>
-              "#{length(shardings)}: #{inspect(shardings)}"
-    end
+    count_message =
+      "expected one sharding per input tensor (#{length(inputs)}), got " <>
+        "#{length(shardings)}: #{inspect(shardings)}"
 
-    inputs
-    |> Enum.zip(shardings)
-    |> Enum.with_index(fn {t, sharding}, index ->
+    each_sharding!(shardings, inputs, count_message, fn sharding, t, index ->
       Sharding.sharding!(sharding, EXLA.Defn.Compilation.to_shape(t).dims, mesh, index)
     end)
   end
@@ -331,30 +334,34 @@ defmodule EXLA.Defn.Sharded do
           "expected :input_shardings to be a list of maps, got: #{inspect(other)}"
   end
 
+  # Either form's shardings, one per input, each checked by `check` (with
+  # the input and its index) into its dim axes.
+  defp each_sharding!(shardings, inputs, count_message, check) do
+    if length(shardings) != length(inputs), do: raise(ArgumentError, count_message)
+    inputs |> Enum.zip(shardings) |> Enum.with_index(fn {t, s}, index -> check.(s, t, index) end)
+  end
+
   ## Running
 
+  # A call with a tuple mesh: each input is cut on the host into the
+  # partitions' parts; every partition has the whole results, of which the
+  # first partition's are returned and the others freed.
   defp run(%__MODULE__{exe: exe} = compiled, args) do
     inputs =
       Enum.zip_with(compiled.params, compiled.part_shapes, fn i, shape ->
         host_tensor(Enum.at(args, i), shape.dtype)
       end)
 
-    lists =
+    parts_list =
       for partition <- 0..(length(exe.devices) - 1) do
         [inputs, compiled.shardings, compiled.part_shapes]
-        |> Enum.zip_with(fn [tensor, sharding, shape] ->
-          {part(tensor, sharding, compiled.mesh, partition, shape), shape}
+        |> Enum.zip_with(fn [tensor, dim_axes, shape] ->
+          part(tensor, dim_axes, compiled.mesh, partition, shape)
         end)
       end
 
-    [outputs | others] = Executable.run(exe, lists)
-    Enum.each(List.flatten(others), &EXLA.DeviceBuffer.deallocate/1)
-
-    {result, []} =
-      Composite.traverse(compiled.output, outputs, fn template, [buffer | buffers] ->
-        {%{template | data: %EXLA.Backend{buffer: buffer}}, buffers}
-      end)
-
+    [result | others] = run_parts(compiled, parts_list)
+    others |> Composite.flatten_list() |> Enum.each(&Nx.backend_deallocate/1)
     result
   end
 
@@ -365,14 +372,16 @@ defmodule EXLA.Defn.Sharded do
   defp host_tensor(%Nx.Tensor{} = t, _type),
     do: Nx.backend_copy(Nx.devectorize(t), Nx.BinaryBackend)
 
-  defp host_tensor(number, type) when is_number(number), do: Nx.tensor(number, type: type)
+  defp host_tensor(number, type) when is_number(number),
+    do: Nx.tensor(number, type: type, backend: Nx.BinaryBackend)
 
-  defp part(tensor, sharding, _mesh, _partition, _shape) when map_size(sharding) == 0,
-    do: Nx.to_binary(tensor)
-
-  defp part(tensor, sharding, mesh, partition, shape) do
-    start = Sharding.part_start(tensor.shape, sharding, mesh, partition)
-    tensor |> Nx.slice(start, Tuple.to_list(shape.dims)) |> Nx.to_binary()
+  defp part(tensor, dim_axes, shape, partition, part_shape) do
+    if Enum.all?(dim_axes, &(&1 == [])) do
+      tensor
+    else
+      start = Sharding.part_start(tensor.shape, dim_axes, shape, partition)
+      Nx.slice(tensor, start, Tuple.to_list(part_shape.dims))
+    end
   end
 
   # A host callback runs once per call of a program, on its device; a
@@ -380,7 +389,7 @@ defmodule EXLA.Defn.Sharded do
   # partitioner does not place callbacks (upstream EXLA refuses them too).
   # Without this, hooks were dropped and runtime calls failed obscurely.
   defp no_host_calls!(expr, opts) do
-    if EXLA.Defn.Lowering.HostCalls.active?(expr, opts[:hooks] || %{}) do
+    if EXLA.Defn.Lowering.Hooks.active?(expr, opts[:hooks] || %{}) do
       raise ArgumentError,
             "shard_jit does not support host callbacks in the function it shards: " <>
               "hooks, print_value and runtime calls run on the host and cannot be " <>

@@ -17,6 +17,12 @@ defmodule EXLA.Defn.Sharding do
   # With an `%Nx.Mesh{}` (Nx 0.12 and later, see "Meshes of Nx" below) a
   # sharding maps a tensor axis to a *list* of mesh axes, major first, and
   # the program is annotated for Shardy (`sdy.mesh`, `sdy.sharding`).
+  #
+  # That form expresses the tuple form too (`%{0 => 1}` of a rank-2 tensor
+  # is `[[1], []]`), so both checkers return it, as one list of mesh axes
+  # per tensor axis (*dim axes*), and everything after them serves both:
+  # each partition's part, where it starts, the annotations of either
+  # partitioner.
 
   @doc """
   Checks `mesh` and returns its partition count, at most `device_count`
@@ -44,14 +50,11 @@ defmodule EXLA.Defn.Sharding do
 
   @doc """
   Checks the sharding of input `index` whose dimensions are `dims` (a
-  tuple) over `mesh`; returns it as a map.
+  tuple) over `mesh`, a map of tensor axes to mesh axes; returns its dim
+  axes (see above).
   """
   def sharding!(sharding, dims, mesh, index) do
-    unless is_map(sharding) do
-      raise ArgumentError,
-            "expected the sharding of input #{index} to be a map of tensor axes to mesh " <>
-              "axes, got: #{inspect(sharding)}"
-    end
+    map!(sharding, index, "mesh axes")
 
     Enum.each(sharding, fn {axis, mesh_axis} ->
       valid? =
@@ -75,31 +78,26 @@ defmodule EXLA.Defn.Sharding do
 
     sharding |> Map.values() |> once_each!(sharding, index)
 
-    sharding
+    for axis <- 0..(tuple_size(dims) - 1)//1, do: List.wrap(sharding[axis])
   end
 
   @doc """
-  The dimensions of each partition's part of a tensor of `dims`.
+  The start indices of partition `partition`'s part of a whole tensor of
+  `dims` under `dim_axes` over the mesh of `shape`.
   """
-  def part_dims(dims, sharding, mesh) do
-    Enum.reduce(sharding, dims, fn {axis, mesh_axis}, dims ->
-      put_elem(dims, axis, div(elem(dims, axis), elem(mesh, mesh_axis)))
+  def part_start(dims, dim_axes, shape, partition) do
+    coords = coordinates(partition, shape)
+    part = part_dims(dims, dim_axes, shape)
+
+    Enum.with_index(dim_axes, fn mesh_axes, axis ->
+      tile_index(mesh_axes, coords, shape) * elem(part, axis)
     end)
   end
 
-  @doc """
-  The start indices of partition `partition`'s part of a tensor of `dims`.
-  """
-  def part_start(dims, sharding, mesh, partition) do
-    coords = coordinates(partition, mesh)
-    part = part_dims(dims, sharding, mesh)
-
-    for axis <- 0..(tuple_size(dims) - 1)//1 do
-      case sharding do
-        %{^axis => mesh_axis} -> elem(coords, mesh_axis) * elem(part, axis)
-        %{} -> 0
-      end
-    end
+  # The index of a partition's tile along a tensor axis split over
+  # `mesh_axes` (major first), from the partition's coordinates.
+  defp tile_index(mesh_axes, coords, shape) do
+    Enum.reduce(mesh_axes, 0, fn axis, index -> index * elem(shape, axis) + elem(coords, axis) end)
   end
 
   # The row-major coordinates of a partition in the mesh.
@@ -114,53 +112,39 @@ defmodule EXLA.Defn.Sharding do
   end
 
   @doc """
-  The HLO sharding of a tensor of `rank` dimensions, as `mhlo.sharding`
-  writes it: a tile per part, listing the partitions that hold each tile
-  (row-major over the tiles, then over the replicas of a tile).
+  The HLO sharding of a tensor under `dim_axes` over the mesh of `shape`,
+  as `mhlo.sharding` writes it: a tile per part, listing the partitions
+  that hold each tile (row-major over the tiles, then over the replicas of
+  a tile).
   """
-  def annotation(sharding, _rank, _mesh) when map_size(sharding) == 0, do: "{replicated}"
+  def annotation(dim_axes, shape) do
+    used = List.flatten(dim_axes)
 
-  def annotation(sharding, rank, mesh) do
-    tiles = for axis <- 0..(rank - 1)//1, do: tile_count(sharding, axis, mesh)
-    used = Map.values(sharding)
-    unused = for axis <- 0..(tuple_size(mesh) - 1)//1, axis not in used, do: elem(mesh, axis)
-    replicas = Enum.product(unused)
-
-    partitions =
-      0..(Enum.product(Tuple.to_list(mesh)) - 1)
-      |> Enum.sort_by(&tile_position(&1, sharding, rank, mesh))
-      |> Enum.join(",")
-
-    if replicas == 1 do
-      "{devices=[#{Enum.join(tiles, ",")}]#{partitions}}"
+    if used == [] do
+      "{replicated}"
     else
-      "{devices=[#{Enum.join(tiles ++ [replicas], ",")}]#{partitions} last_tile_dim_replicate}"
-    end
-  end
+      tiles = Enum.map(dim_axes, &parts(&1, shape))
+      unused = for axis <- 0..(tuple_size(shape) - 1)//1, axis not in used, do: axis
+      replicas = parts(unused, shape)
 
-  defp tile_count(sharding, axis, mesh) do
-    case sharding do
-      %{^axis => mesh_axis} -> elem(mesh, mesh_axis)
-      %{} -> 1
-    end
-  end
+      partitions =
+        0..(parts(Enum.to_list(0..(tuple_size(shape) - 1)), shape) - 1)
+        |> Enum.sort_by(&tile_position(&1, dim_axes, unused, shape))
+        |> Enum.join(",")
 
-  # Where a partition's tile is: its coordinate on each tensor axis, then
-  # its place among the partitions holding the same tile.
-  defp tile_position(partition, sharding, rank, mesh) do
-    coords = coordinates(partition, mesh)
-    used = Map.values(sharding)
-
-    tile =
-      for axis <- 0..(rank - 1)//1 do
-        case sharding do
-          %{^axis => mesh_axis} -> elem(coords, mesh_axis)
-          %{} -> 0
-        end
+      if replicas == 1 do
+        "{devices=[#{Enum.join(tiles, ",")}]#{partitions}}"
+      else
+        "{devices=[#{Enum.join(tiles ++ [replicas], ",")}]#{partitions} last_tile_dim_replicate}"
       end
+    end
+  end
 
-    replica = for axis <- 0..(tuple_size(mesh) - 1)//1, axis not in used, do: elem(coords, axis)
-    tile ++ replica
+  # Where a partition's tile is: its index on each tensor axis, then its
+  # place among the partitions holding the same tile.
+  defp tile_position(partition, dim_axes, unused, shape) do
+    coords = coordinates(partition, shape)
+    Enum.map(dim_axes, &tile_index(&1, coords, shape)) ++ [tile_index(unused, coords, shape)]
   end
 
   ## Meshes of Nx
@@ -191,11 +175,7 @@ defmodule EXLA.Defn.Sharding do
   to lists of mesh axes. Returns one list of mesh axes per axis of `t`.
   """
   def mesh_sharding!(sharding, t, shape, index) do
-    unless is_map(sharding) do
-      raise ArgumentError,
-            "expected the sharding of input #{index} to be a map of tensor axes to lists " <>
-              "of mesh axes, got: #{inspect(sharding)}"
-    end
+    map!(sharding, index, "lists of mesh axes")
 
     by_axis =
       Enum.reduce(sharding, %{}, fn {axis, mesh_axes}, acc ->
@@ -213,6 +193,15 @@ defmodule EXLA.Defn.Sharding do
     by_axis |> Map.values() |> List.flatten() |> once_each!(sharding, index)
 
     for i <- 0..(tuple_size(t.shape) - 1)//1, do: Map.get(by_axis, i, [])
+  end
+
+  # Either form's sharding is a map of tensor axes to `values`.
+  defp map!(sharding, _index, _values) when is_map(sharding), do: :ok
+
+  defp map!(sharding, index, values) do
+    raise ArgumentError,
+          "expected the sharding of input #{index} to be a map of tensor axes to #{values}, " <>
+            "got: #{inspect(sharding)}"
   end
 
   # A mesh axis splits at most one tensor axis of an input.
@@ -252,7 +241,7 @@ defmodule EXLA.Defn.Sharding do
   The dimensions of each partition's part of a whole tensor of `dims`
   under `dim_axes` over `shape`.
   """
-  def part_dims_of(dims, dim_axes, shape) do
+  def part_dims(dims, dim_axes, shape) do
     dim_axes
     |> Enum.with_index(fn mesh_axes, i -> div(elem(dims, i), parts(mesh_axes, shape)) end)
     |> List.to_tuple()

@@ -18,21 +18,12 @@ defmodule EXLA.MLIR.Type do
     end
   end
 
-  # The one table of MLIR element types: rendered by `element/1`, read
-  # back by `parse_element/1`.
-  @elements [{:pred, "i1"}, {{:f, 8}, "f8E5M2"}, {{:bf, 16}, "bf16"}] ++
-              for(size <- [16, 32, 64], do: {{:f, size}, "f#{size}"}) ++
-              for(size <- [8, 16, 32, 64], do: {{:s, size}, "i#{size}"}) ++
-              for(size <- [8, 16, 32, 64], do: {{:u, size}, "ui#{size}"}) ++
-              [{{:c, 64}, "complex<f32>"}, {{:c, 128}, "complex<f64>"}]
-
-  # Types of Nx 0.9 and later.
-  if EXLA.NxVersion.small_types?() do
-    @elements @elements ++
-                [{{:f8_e4m3fn, 8}, "f8E4M3FN"}] ++
-                for(size <- [2, 4], do: {{:s, size}, "i#{size}"}) ++
-                for(size <- [2, 4], do: {{:u, size}, "ui#{size}"})
-  end
+  # The MLIR names of element types, from the one table of element types
+  # (`EXLA.Shape`): rendered by `element/1`, read back by `parse_element/1`.
+  # XLA's booleans are `:pred` here, `{:pred, 8}` in a shape.
+  @elements (for {type, _code, name} <- EXLA.Shape.element_types() do
+               {if(type == {:pred, 8}, do: :pred, else: type), name}
+             end)
 
   @doc "Renders an element type, e.g. `f32`, `ui8`, `complex<f64>`, `i1`."
   @spec element(element) :: String.t()

@@ -77,7 +77,10 @@ defmodule EXLA.Platform.Discovery do
 
   defp probe_device_count(platform, path) do
     options = Options.validate!(platform, platform: platform, preallocate: false)
-    {_ref, info} = Client.create!(platform, path, Options.create_options(options), [])
+
+    {_ref, info} =
+      EXLA.Client.Builder.create!(platform, path, Options.create_options(options), [])
+
     if info.devices != [], do: length(info.devices)
   end
 

@@ -72,7 +72,7 @@ defmodule EXLA.Plugin.Cuda do
 
     case EXLA.NIF.library_load_global(library) do
       {:ok, :ok} -> nil
-      {:error, reason} -> reason
+      {:error, {_kind, reason}} -> reason
     end
   end
 

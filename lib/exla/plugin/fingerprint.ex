@@ -70,7 +70,7 @@ defmodule EXLA.Plugin.Fingerprint do
       {:ok, stat} ->
         identity = {path, stat.major_device, stat.inode, stat.size, stat.mtime, stat.ctime}
         name = :crypto.hash(:sha256, :erlang.term_to_binary(identity))
-        dir = Path.join(cache_dir, "fingerprints")
+        dir = EXLA.CacheDir.folder(:fingerprints, cache_dir: cache_dir)
         {:ok, Path.join(dir, Base.encode16(name, case: :lower) <> ".sha256")}
 
       {:error, _} = error ->

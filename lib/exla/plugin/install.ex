@@ -84,15 +84,11 @@ defmodule EXLA.Plugin.Install do
   def cpu_version(name \\ @default), do: pin(name).version
 
   @doc "The cache directory (see `EXLA.Plugin.cache_dir/1`)."
-  def cache_dir(opts) do
-    opts[:cache_dir] || EXLA.Env.get("EXLA_CACHE_DIR") ||
-      List.to_string(:filename.basedir(:user_cache, ~c"exla"))
-  end
+  def cache_dir(opts), do: EXLA.CacheDir.root(opts)
 
   @doc "Where the CPU plugin of `pin` is (or would be) installed."
   def cpu_plugin_path(pin, opts) do
-    dir = "#{pin.name}-#{pin.version}-#{arch()}"
-    Path.join([cache_dir(opts), "plugins", dir, pin.library])
+    Path.join(EXLA.CacheDir.plugin_dir(pin.name, pin.version, arch(), opts), pin.library)
   end
 
   @doc "Installs the CPU plugin of `pin` unless it is there (see `EXLA.Plugin.install!/1`)."

@@ -47,7 +47,7 @@ defmodule EXLA.Plugin.PythonEnv do
   # The prefix of every folder on the PATH that holds a Python: /usr for
   # /usr/bin, the environment for <venv>/bin.
   defp python_prefixes do
-    for dir <- String.split(System.get_env("PATH", ""), ":", trim: true),
+    for dir <- String.split(EXLA.Env.get("PATH") || "", ":", trim: true),
         Path.wildcard(Path.join(dir, "python3*")) != [] or
           File.exists?(Path.join(dir, "python")),
         do: dir |> Path.expand() |> Path.dirname()

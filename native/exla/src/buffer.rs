@@ -1,12 +1,12 @@
 //! Device buffers: transfers in and out, copies, deletion.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use rustler::{Atom, Binary, Env, OwnedBinary, ResourceArc};
 
 use crate::client::ClientResource;
 use crate::error::{Error, NifResult};
-use crate::ipc::Export;
 use crate::memory::{Entry, Ledger};
 use crate::pool::{OffThread, SlowToDrop};
 
@@ -15,23 +15,30 @@ use crate::pool::{OffThread, SlowToDrop};
 pub struct BufferResource {
     pub handle: OffThread<pjrt::Buffer>,
     memory: Entry,
-    /// Shared memory objects exported from this buffer (`ipc`), unlinked
-    /// when it is freed.
-    exports: Mutex<Vec<Export>>,
+    /// What lives until the buffer's memory is freed: the shared memory
+    /// objects exported from it (`ipc`), unlinked when dropped.
+    attached: Mutex<Vec<Box<dyn Send>>>,
     /// A view of memory the process may only read: never donated.
     pub read_only: bool,
 }
 
 /// Buffers from this size on are destroyed on the drop thread. Freeing a
 /// block the C heap mapped (above 32 MiB on the host) unmaps it: about
-/// 50 µs per MiB. Smaller ones free in about a microsecond.
-const SLOW_DROP_BYTES: usize = 1 << 20;
+/// 50 µs per MiB. Smaller ones free in about a microsecond. The size is
+/// `EXLA.Placement`'s, which also sends the deletion of such buffers to a
+/// dirty scheduler: the NIF gets it when it loads (`set_large_bytes`).
+static LARGE_BYTES: AtomicUsize = AtomicUsize::new(usize::MAX);
+
+/// Sets the size from which buffers are large (see `LARGE_BYTES`).
+pub fn set_large_bytes(bytes: usize) {
+    LARGE_BYTES.store(bytes, Ordering::Relaxed);
+}
 
 impl SlowToDrop for pjrt::Buffer {
     fn slow_to_drop(&self) -> bool {
         self.shape()
             .byte_size()
-            .is_ok_and(|size| size >= SLOW_DROP_BYTES)
+            .is_ok_and(|size| size >= LARGE_BYTES.load(Ordering::Relaxed))
     }
 }
 
@@ -56,24 +63,25 @@ impl BufferResource {
         ResourceArc::new(BufferResource {
             handle: OffThread::new(buffer),
             memory: entry,
-            exports: Mutex::new(Vec::new()),
+            attached: Mutex::new(Vec::new()),
             read_only,
         })
     }
 
-    /// Keeps a shared memory object exported from this buffer until it is
-    /// freed; unlinks it at once if the buffer is freed already.
-    pub fn keep_export(&self, export: Export) -> NifResult<()> {
-        let mut exports = self.exports.lock().unwrap_or_else(|e| e.into_inner());
-        // Under the lock, so a concurrent `give_up` either sees this export
+    /// Keeps `value` (a shared memory object exported from this buffer)
+    /// until the buffer is freed; drops it at once if the buffer is freed
+    /// already.
+    pub fn keep_until_freed(&self, value: Box<dyn Send>) -> NifResult<()> {
+        let mut attached = self.attached.lock().unwrap_or_else(|e| e.into_inner());
+        // Under the lock, so a concurrent `give_up` either sees this value
         // or has already made the buffer read as deleted.
         self.handle.ensure_live()?;
-        exports.push(export);
+        attached.push(value);
         Ok(())
     }
 
-    fn unlink_exports(&self) {
-        self.exports
+    fn drop_attached(&self) {
+        self.attached
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .clear();
@@ -85,7 +93,7 @@ impl BufferResource {
     pub fn give_up(&self) -> NifResult<bool> {
         let deleted = self.handle.delete()?;
         self.memory.release();
-        self.unlink_exports();
+        self.drop_attached();
         Ok(deleted)
     }
 
@@ -95,7 +103,7 @@ impl BufferResource {
         let deleted = self.handle.try_delete()?;
         if deleted.is_some() {
             self.memory.release();
-            self.unlink_exports();
+            self.drop_attached();
         }
         Ok(deleted)
     }
@@ -112,41 +120,23 @@ pub fn shape(type_code: i32, dims: Vec<i64>) -> NifResult<pjrt::Shape> {
     )?)
 }
 
-fn place(
-    client: ResourceArc<ClientResource>,
-    data: Binary,
-    type_code: i32,
-    dims: Vec<i64>,
-    device: usize,
-) -> NifResult<ResourceArc<BufferResource>> {
-    let shape = shape(type_code, dims)?;
-    let buffer = client
-        .handle
-        .buffer_from_host(data.as_slice(), &shape, device)?;
-    Ok(BufferResource::new(buffer, &client.ledger))
-}
-
-/// For small binaries: the copy is short enough for a normal scheduler.
-#[rustler::nif]
-fn buffer_from_binary(
-    client: ResourceArc<ClientResource>,
-    data: Binary,
-    type_code: i32,
-    dims: Vec<i64>,
-    device: usize,
-) -> NifResult<ResourceArc<BufferResource>> {
-    place(client, data, type_code, dims, device)
-}
-
-#[rustler::nif(schedule = "DirtyIo")]
-fn buffer_from_binary_dirty(
-    client: ResourceArc<ClientResource>,
-    data: Binary,
-    type_code: i32,
-    dims: Vec<i64>,
-    device: usize,
-) -> NifResult<ResourceArc<BufferResource>> {
-    place(client, data, type_code, dims, device)
+scheduler_variants! {
+    /// For small binaries: the copy is short enough for a normal scheduler.
+    fn buffer_from_binary;
+    /// For larger ones, which copy at page-fault speed.
+    dirty "DirtyIo" fn buffer_from_binary_dirty(
+        client: ResourceArc<ClientResource>,
+        data: Binary,
+        type_code: i32,
+        dims: Vec<i64>,
+        device: usize,
+    ) -> NifResult<ResourceArc<BufferResource>> {
+        let shape = shape(type_code, dims)?;
+        let buffer = client
+            .handle
+            .buffer_from_host(data.as_slice(), &shape, device)?;
+        Ok(BufferResource::new(buffer, &client.ledger))
+    }
 }
 
 fn read_size(buffer: &pjrt::Buffer, limit: i64) -> NifResult<usize> {

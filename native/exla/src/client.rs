@@ -125,10 +125,11 @@ fn plugin_load(path: String) -> NifResult<ResourceArc<PluginResource>> {
 }
 
 /// Loads a library a plugin needs (a path, or a name the dynamic loader
-/// searches for) with its symbols global: `{:ok, :ok}` or `{:error, reason}`.
-/// Which libraries, and in what order, is decided in Elixir.
+/// searches for) with its symbols global: `{:ok, :ok}`, or `{:error,
+/// {:runtime, reason}}` with the loader's reason. Which libraries, and in
+/// what order, is decided in Elixir.
 #[rustler::nif(schedule = "DirtyIo")]
-fn library_load_global(library: String) -> Result<rustler::Atom, String> {
+fn library_load_global(library: String) -> NifResult<rustler::Atom> {
     let started = Instant::now();
     pjrt::load_library_global(&library)?;
     tracing::debug!(

@@ -249,27 +249,20 @@ fn executable_run_devices<'a>(
     })
 }
 
-/// Enqueues an execution and returns its output buffers at once; their data
-/// is ready later (see `buffer_ready`/`buffer_await`). For tiny
-/// straight-line programs, which XLA:CPU runs inline in microseconds.
-#[rustler::nif]
-fn executable_run(
-    executable: ResourceArc<ExecutableResource>,
-    arguments: Vec<ResourceArc<BufferResource>>,
-    donatable: Vec<usize>,
-) -> NifResult<Vec<ResourceArc<BufferResource>>> {
-    run(&executable, &arguments, &donatable)
-}
-
-/// The same on a dirty CPU scheduler, for straight-line programs too large
-/// to run inline on a normal one.
-#[rustler::nif(schedule = "DirtyCpu")]
-fn executable_run_dirty(
-    executable: ResourceArc<ExecutableResource>,
-    arguments: Vec<ResourceArc<BufferResource>>,
-    donatable: Vec<usize>,
-) -> NifResult<Vec<ResourceArc<BufferResource>>> {
-    run(&executable, &arguments, &donatable)
+scheduler_variants! {
+    /// Enqueues an execution and returns its output buffers at once; their
+    /// data is ready later (see `buffer_ready`/`buffer_await`). For tiny
+    /// straight-line programs, which XLA:CPU runs inline in microseconds.
+    fn executable_run;
+    /// The same on a dirty CPU scheduler, for straight-line programs too
+    /// large to run inline on a normal one.
+    dirty "DirtyCpu" fn executable_run_dirty(
+        executable: ResourceArc<ExecutableResource>,
+        arguments: Vec<ResourceArc<BufferResource>>,
+        donatable: Vec<usize>,
+    ) -> NifResult<Vec<ResourceArc<BufferResource>>> {
+        run(&executable, &arguments, &donatable)
+    }
 }
 
 /// Runs on a thread of the run pool, for programs that may run long, and

@@ -4,8 +4,8 @@
 //! or the replying NIF panic).
 //!
 //! Compiled only with the `fault-injection` cargo feature, which the test
-//! build enables (`mix.exs`); other builds neither export the NIF nor keep
-//! the registry of armed faults.
+//! environment's build enables (the NIF compiler, `mix/compile_exla_native.exs`);
+//! other builds neither export the NIF nor keep the registry of armed faults.
 
 use std::sync::{Mutex, OnceLock};
 

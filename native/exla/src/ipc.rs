@@ -61,7 +61,7 @@ fn object_path(handle: &str) -> NifResult<PathBuf> {
 
 /// An object this process exported, unlinked when dropped, or when the
 /// process exits first (the VM does not free resources when it halts).
-pub struct Export {
+struct Export {
     path: PathBuf,
 }
 
@@ -213,7 +213,7 @@ fn buffer_export_ipc(
     // the umask, and a read-only mode would refuse our own writes.
     file.set_permissions(std::fs::Permissions::from_mode(permissions))
         .map_err(|e| io("set the permissions of", e))?;
-    buffer.keep_export(export)?;
+    buffer.keep_until_freed(Box::new(export))?;
     Ok((name, size as u64))
 }
 

@@ -9,6 +9,9 @@
 //! (`EXLA.DeviceBuffer` by a transfer's size, `EXLA.Executable` by the
 //! program).
 
+#[macro_use]
+mod schedule;
+
 mod buffer;
 mod callback;
 mod client;
@@ -26,7 +29,20 @@ mod resource;
 mod term;
 mod xla_options;
 
-fn load(env: rustler::Env, _info: rustler::Term) -> bool {
+mod atoms {
+    rustler::atoms! { large_buffer_bytes }
+}
+
+/// `info` is the map `EXLA.NIF` loads the library with: the facts of
+/// `EXLA.Placement` that the native side applies too.
+fn load(env: rustler::Env, info: rustler::Term) -> bool {
+    let Ok(large) = info
+        .map_get(atoms::large_buffer_bytes())
+        .and_then(|bytes| bytes.decode::<usize>())
+    else {
+        return false;
+    };
+    buffer::set_large_bytes(large);
     diagnostics::install();
     halt::install(env);
     true

@@ -9,6 +9,9 @@ pub enum Error {
     Pjrt { code: i32, message: String },
     /// The plugin file could not be opened or has no `GetPjrtApi`.
     PluginLoad { path: String, reason: String },
+    /// A library a plugin needs could not be loaded: the loader's (or the
+    /// file check's) reason, which is the whole message.
+    LibraryLoad { library: String, reason: String },
     /// The plugin implements an older PJRT C API than the bindings need.
     PluginTooOld {
         path: String,
@@ -86,6 +89,7 @@ impl fmt::Display for Error {
             Error::PluginLoad { path, reason } => {
                 write!(f, "could not load PJRT plugin {path}: {reason}")
             }
+            Error::LibraryLoad { reason, .. } => f.write_str(reason),
             Error::PluginTooOld {
                 path,
                 found,

@@ -39,17 +39,22 @@ pub fn check(path: &Path) -> Result<(), String> {
 /// Loads `library` for the life of the process with its symbols global
 /// (`RTLD_NOW | RTLD_GLOBAL`), as `dlopen` resolves it: a path (which
 /// `check` examines first) or a bare file name that the loader searches
-/// for. `Err` is the loader's or the check's reason.
+/// for. `Err` is `Error::LibraryLoad` with the loader's or the check's
+/// reason.
 #[cfg(unix)]
-pub fn load_global(library: &str) -> Result<(), String> {
+pub fn load_global(library: &str) -> crate::Result<()> {
     use libloading::os::unix::{Library, RTLD_GLOBAL, RTLD_NOW};
+    let failed = |reason: String| crate::Error::LibraryLoad {
+        library: library.to_string(),
+        reason,
+    };
     if library.contains('/') {
-        check(Path::new(library))?;
+        check(Path::new(library)).map_err(failed)?;
     }
     // SAFETY: loading a shared library runs its initialisers; the caller
     // names libraries that are written to be loaded this way.
     let loaded = unsafe { Library::open(Some(library), RTLD_NOW | RTLD_GLOBAL) }
-        .map_err(|e| e.to_string())?;
+        .map_err(|e| failed(e.to_string()))?;
     // Never unloaded: a plugin loaded later may bind to its symbols.
     std::mem::forget(loaded);
     Ok(())
@@ -57,10 +62,11 @@ pub fn load_global(library: &str) -> Result<(), String> {
 
 /// Other systems have no global symbol scope to add to.
 #[cfg(not(unix))]
-pub fn load_global(library: &str) -> Result<(), String> {
-    Err(format!(
-        "{library}: preloading libraries needs a Unix system"
-    ))
+pub fn load_global(library: &str) -> crate::Result<()> {
+    Err(crate::Error::LibraryLoad {
+        library: library.to_string(),
+        reason: format!("{library}: preloading libraries needs a Unix system"),
+    })
 }
 
 /// The file with its size; reads fail when they would pass its end.
@@ -430,8 +436,12 @@ mod tests {
         // The C library is loaded already: by name it is found, not reloaded.
         assert_eq!(load_global("libc.so.6"), Ok(()));
         let err = load_global("libexla-no-such-library.so.1").unwrap_err();
-        assert!(err.contains("libexla-no-such-library.so.1"), "{err}");
+        assert!(matches!(err, crate::Error::LibraryLoad { .. }), "{err:?}");
+        assert!(
+            err.to_string().contains("libexla-no-such-library.so.1"),
+            "{err}"
+        );
         let err = load_global(temp("empty-global.so", b"").to_str().unwrap()).unwrap_err();
-        assert!(err.contains("too few"), "{err}");
+        assert!(err.to_string().contains("too few"), "{err}");
     }
 }

@@ -1,9 +1,12 @@
 defmodule EXLA.Defn.Lowering.Hooks do
   @moduledoc false
-  # The nodes that call the host (the host-calls family): hooks, carried by
-  # tokens on Nx 0.7 and 0.12 (`:token`, `:attach_token`) and by `:hook`
+  # The hooks family: the nodes that call the host, which this module alone
+  # knows, on each Nx line as `EXLA.NxVersion` says (`@ops`): hooks, carried
+  # by tokens on Nx 0.7 and 0.12 (`:token`, `:attach_token`) and by `:hook`
   # nodes on Nx 0.13, and `Nx.runtime_call/4` (`:runtime_call`, Nx 0.12
-  # and later). `EXLA.Defn.Lowering.HostCalls` emits their MLIR.
+  # and later). It lowers them, and says whether an expression has one
+  # that calls the host (`active?/2`); `EXLA.Defn.Lowering.HostCalls`
+  # emits the MLIR of the calls, knowing no node.
   #
   # A hook hands its values to its function on the host and lets them flow
   # on unchanged; it is inactive (the values only flow on) when neither the
@@ -23,6 +26,56 @@ defmodule EXLA.Defn.Lowering.Hooks do
          if(EXLA.NxVersion.runtime_calls?(), do: [:runtime_call], else: [])
 
   def ops, do: @ops
+
+  @doc """
+  Whether `expr` calls the host: it has a hook that `hooks` or its own
+  callback activates (on a token, or a `:hook` node of Nx 0.13), or a
+  runtime call (Nx 0.12 and later).
+  """
+  def active?(expr, hooks) do
+    Composite.reduce(expr, %{}, &detect(&1, &2, hooks))
+    false
+  catch
+    :throw, {__MODULE__, :active} -> true
+  end
+
+  defp detect(%T{data: %Expr{id: id} = expr} = t, seen, hooks) do
+    case seen do
+      %{^id => _} ->
+        seen
+
+      %{} ->
+        if calls_host?(expr, hooks), do: throw({__MODULE__, :active})
+        {_, seen} = Nx.Defn.Tree.apply_args(t, seen, &{&1, detect(&1, &2, hooks)})
+        Map.put(seen, id, true)
+    end
+  end
+
+  # Only the nodes of this family on the compiled Nx (@ops) call the host;
+  # an :attach_token's token is a node of its own.
+  defp calls_host?(%Expr{op: op, args: args}, hooks) when op in @ops,
+    do: host_call?(op, args, hooks)
+
+  defp calls_host?(%Expr{}, _hooks), do: false
+
+  defp host_call?(:token, [token], hooks),
+    do: Enum.any?(token.hooks, &token_hook_function(&1, hooks))
+
+  defp host_call?(:attach_token, _args, _hooks), do: false
+  defp host_call?(:hook, [_expr, spec | _], hooks), do: hook_spec_function(spec, hooks) != nil
+  defp host_call?(:runtime_call, _args, _hooks), do: true
+
+  # The function of a `:hook` node's callback spec (Nx 0.13), given the
+  # `:hooks` option, or `nil` when the hook is inactive.
+  defp hook_spec_function({:named, name, fun}, hooks), do: hooks[name] || fun
+  defp hook_spec_function({:fn, fun}, _hooks), do: fun
+
+  defp hook_spec_function({:token_hook, _expr, inner}, hooks),
+    do: hook_spec_function(inner, hooks)
+
+  # The function of a token's hook (Nx 0.7 and 0.12), given the `:hooks`
+  # option, or `nil` when the hook is inactive.
+  defp token_hook_function(%{name: name, callback: callback}, hooks), do: hooks[name] || callback
 
   def lower(:token, %T{data: %Expr{args: [token]}}, b) do
     b = token.hooks |> Enum.reverse() |> Enum.reduce(b, &lower_token_hook/2)
@@ -68,12 +121,12 @@ defmodule EXLA.Defn.Lowering.Hooks do
   # hook is inactive) and handed to its function when active.
   defp lower_token_hook(%{expr: expr, name: name} = hook, b) do
     {values, b} = lower_container(expr, b)
-    fun = HostCalls.token_hook_function(hook, b.assigns.hooks)
+    fun = token_hook_function(hook, b.assigns.hooks)
     emit_active(b, name, fun, expr, values)
   end
 
   defp call_hook(spec, expr, values, b) do
-    fun = HostCalls.hook_spec_function(spec, b.assigns.hooks)
+    fun = hook_spec_function(spec, b.assigns.hooks)
     emit_active(b, spec_name(spec), fun, expr, values)
   end
 

@@ -42,13 +42,13 @@ defmodule EXLA.Defn.Lowering.HostCalls do
   # chain (see `lazy_layout/2`); `EXLA.Defn` compiles a program for each set
   # of device inputs a function is called with.
   #
-  # This module only emits MLIR: the lowering of the hooked expressions stays
-  # in `EXLA.Defn.Lowering`, which calls this module and is never called by
-  # it.
+  # This module only emits MLIR, and knows no node of Nx: which nodes call
+  # the host, on each Nx line, is `EXLA.Defn.Lowering.Hooks`'s business, and
+  # the lowering of the hooked expressions stays in `EXLA.Defn.Lowering`,
+  # which calls this module and is never called by it.
 
   alias EXLA.MLIR.Ops
-  alias Nx.Defn.{Composite, Expr}
-  alias Nx.Tensor, as: T
+  alias Nx.Defn.Composite
 
   @chain_type {EXLA.HostCallback.chain_type(), {}}
   @flag_type {{:u, 8}, {}}
@@ -62,53 +62,6 @@ defmodule EXLA.Defn.Lowering.HostCalls do
 
   @doc "Continues the program from `chain`."
   def put_chain(b, chain), do: %{b | assigns: %{b.assigns | chain: chain}}
-
-  @doc """
-  Whether `expr` calls the host: it has a hook that `hooks` or its own
-  callback activates (on a token, or a `:hook` node of Nx 0.13), or a
-  runtime call (Nx 0.12 and later).
-  """
-  def active?(expr, hooks) do
-    Composite.reduce(expr, %{}, &detect(&1, &2, hooks))
-    false
-  catch
-    :throw, {__MODULE__, :active} -> true
-  end
-
-  defp detect(%T{data: %Expr{id: id} = expr} = t, seen, hooks) do
-    case seen do
-      %{^id => _} ->
-        seen
-
-      %{} ->
-        if calls_host?(expr, hooks), do: throw({__MODULE__, :active})
-        {_, seen} = Nx.Defn.Tree.apply_args(t, seen, &{&1, detect(&1, &2, hooks)})
-        Map.put(seen, id, true)
-    end
-  end
-
-  defp calls_host?(%Expr{op: :token, args: [token]}, hooks),
-    do: Enum.any?(token.hooks, &token_hook_function(&1, hooks))
-
-  defp calls_host?(%Expr{op: :hook, args: [_expr, spec | _]}, hooks),
-    do: hook_spec_function(spec, hooks) != nil
-
-  defp calls_host?(%Expr{op: :runtime_call}, _hooks), do: true
-  defp calls_host?(%Expr{}, _hooks), do: false
-
-  @doc """
-  The function of a `:hook` node's callback spec (Nx 0.13), given the
-  `:hooks` option, or `nil` when the hook is inactive.
-  """
-  def hook_spec_function({:named, name, fun}, hooks), do: hooks[name] || fun
-  def hook_spec_function({:fn, fun}, _hooks), do: fun
-  def hook_spec_function({:token_hook, _expr, inner}, hooks), do: hook_spec_function(inner, hooks)
-
-  @doc """
-  The function of a token's hook (Nx 0.7 and 0.12), given the `:hooks`
-  option, or `nil` when the hook is inactive.
-  """
-  def token_hook_function(%{name: name, callback: callback}, hooks), do: hooks[name] || callback
 
   @doc """
   Emits a host-callback custom call with `values` at a new site, recording
