@@ -1,3 +1,16 @@
+defmodule EXLA.SharedTerm.Elided do
+  @moduledoc false
+  # What `EXLA.SharedTerm.inspect/2` prints in place of a subterm past its
+  # budget.
+  defstruct [:struct]
+
+  defimpl Inspect do
+    def inspect(%{struct: nil}, _opts), do: "..."
+    def inspect(%{struct: :map}, _opts), do: "%{...}"
+    def inspect(%{struct: module}, _opts), do: "%#{Kernel.inspect(module)}{...}"
+  end
+end
+
 defmodule EXLA.SharedTerm do
   @moduledoc false
   import Bitwise
@@ -37,18 +50,7 @@ defmodule EXLA.SharedTerm do
   @small 64
   @small_integer 1 <<< 59
 
-  defmodule Elided do
-    @moduledoc false
-    # What `EXLA.SharedTerm.inspect/2` prints in place of a subterm past
-    # its budget.
-    defstruct [:struct]
-
-    defimpl Inspect do
-      def inspect(%{struct: nil}, _opts), do: "..."
-      def inspect(%{struct: :map}, _opts), do: "%{...}"
-      def inspect(%{struct: module}, _opts), do: "%#{Kernel.inspect(module)}{...}"
-    end
-  end
+  alias EXLA.SharedTerm.Elided
 
   @doc "The most words a term's tree may take to stand for itself in a key."
   def budget, do: @budget
