@@ -231,6 +231,23 @@ defmodule EXLA do
   evaluator's time and the compile's plus less than a millisecond, at
   any depth, and holds the scheduler less than a millisecond.
 
+  ## Runs nobody waits for
+
+  On the host platform, a program's `while` loops check whether their run
+  is still wanted: when the process that called it (a jitted function,
+  `EXLA.Executable.run/3`, an `Nx.Serving` run) exits or is killed, the
+  run stops at its loops' next check, about 50 µs later or after one
+  iteration, and gives its memory back; so does a run under way when the
+  VM halts (OTP 26 and later). The checks cost about 1% of a loop's time,
+  within the noise of a measure (see "Runs nobody waits for" in the README
+  for the numbers, and the programs that have no checks). To compile
+  programs without them:
+
+      config :exla, :stop_abandoned_runs, false
+
+    * `:stop_abandoned_runs` - `true` (the default) or `false`, read when a
+      program is compiled.
+
   ## Distribution
 
   Tensors and compiled functions may be sent to other nodes of a cluster

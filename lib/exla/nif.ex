@@ -83,9 +83,9 @@ defmodule EXLA.NIF do
   def executable_output_shapes(_executable), do: nif_error()
   def executable_run(_executable, _buffers, _donatable), do: nif_error()
   def executable_run_dirty(_executable, _buffers, _donatable), do: nif_error()
-  def executable_run_async(_executable, _buffers, _donatable, _ref), do: nif_error()
+  def executable_run_async(_executable, _buffers, _donatable, _ref, _checked), do: nif_error()
   def executable_devices(_executable), do: nif_error()
-  def executable_run_devices(_executable, _lists, _donatable, _ref), do: nif_error()
+  def executable_run_devices(_executable, _lists, _donatable, _ref, _checked), do: nif_error()
   def executable_serialize(_executable, _ref), do: nif_error()
   def executable_deserialize(_client, _bytes, _inputs, _device, _ref), do: nif_error()
 
@@ -100,7 +100,7 @@ defmodule EXLA.NIF do
   def callback_done(_session, _received), do: nif_error()
   def callback_close(_session), do: nif_error()
   def callback_session_count, do: nif_error()
-  def callback_run(_executable, _session, _buffers, _donatable), do: nif_error()
+  def callback_run(_executable, _session, _buffers, _donatable, _checked), do: nif_error()
 
   # A test aid, not an API, in test builds only (the `fault-injection`
   # cargo feature): the next host-callback session opened by `owner` panics

@@ -263,7 +263,10 @@ defmodule EXLA.Defn.Compilation do
     end
   end
 
-  defp lower(expr, vars, opts) do
+  # `run_checks?`: whether the loops of the program check that their run
+  # is still wanted, where the client can (not in the text that
+  # EXLA.to_mlir_module/3 gives, which is EXLA's).
+  defp lower(expr, vars, opts, run_checks? \\ true) do
     input_shapes = Enum.map(Composite.flatten_list(vars), &to_shape/1)
     client = EXLA.Client.fetch!(opts[:client])
 
@@ -274,7 +277,8 @@ defmodule EXLA.Defn.Compilation do
         precision: opts[:precision],
         hooks: opts[:hooks] || %{},
         lazy_inputs: lazy_inputs(vars, opts),
-        donate: donated_inputs(vars, opts[:donate])
+        donate: donated_inputs(vars, opts[:donate]),
+        run_checks: run_checks? and EXLA.Client.run_checks?(client)
       ] ++ EXLA.Defn.Lowering.client_options(client)
     )
   end
@@ -482,7 +486,7 @@ defmodule EXLA.Defn.Compilation do
   def mlir_module(vars, fun, opts) do
     opts = validate_options!(opts)
     expr = fun.(vars)
-    mlir_module_result(expr, lower(expr, vars, opts))
+    mlir_module_result(expr, lower(expr, vars, opts, false))
   end
 
   @doc false

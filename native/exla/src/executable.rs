@@ -13,6 +13,7 @@ use std::time::Instant;
 use rustler::{Atom, Binary, Encoder, Env, NewBinary, ResourceArc, Term};
 
 use crate::buffer::{shape, BufferResource};
+use crate::cancel::{self, Run};
 use crate::client::ClientResource;
 use crate::diagnostics::millis;
 use crate::error::{Error, NifResult};
@@ -174,14 +175,21 @@ fn refuse_read_only_donation(
 /// Enqueues one execution. Every argument at a position in `donatable` is
 /// given up: the program reuses its memory for an output when it aliases
 /// it, and it is deleted otherwise, so a donated argument always reads as
-/// deleted afterwards.
+/// deleted afterwards. A program whose loops check whether they are still
+/// wanted gets `run`'s id after the arguments (see `cancel`).
 fn run(
     executable: &ExecutableResource,
     arguments: &[ResourceArc<BufferResource>],
     donatable: &[usize],
+    run: Option<&Run>,
 ) -> NifResult<Buffers> {
     refuse_read_only_donation(arguments, donatable)?;
-    let buffers: Vec<&pjrt::Buffer> = arguments.iter().map(|b| &*b.handle).collect();
+    let device = executable.handle.device();
+    let id = run
+        .map(|run| cancel::id_buffer(&executable.handle, run, device))
+        .transpose()?;
+    let mut buffers: Vec<&pjrt::Buffer> = arguments.iter().map(|b| &*b.handle).collect();
+    buffers.extend(id.as_ref());
     let outputs = executable.handle.execute(&buffers, donatable)?;
     give_up_donated(arguments, donatable);
     tracing::trace!(
@@ -199,8 +207,14 @@ pub fn run_and_wait(
     executable: &ExecutableResource,
     arguments: &[ResourceArc<BufferResource>],
     donatable: &[usize],
+    watched: Option<&Watched>,
 ) -> NifResult<Buffers> {
-    let outputs = run(executable, arguments, donatable)?;
+    let outputs = run(
+        executable,
+        arguments,
+        donatable,
+        watched.map(|(run, _)| &**run),
+    )?;
     wait_for(&outputs)?;
     Ok(outputs)
 }
@@ -212,11 +226,21 @@ fn executable_devices(executable: ResourceArc<ExecutableResource>) -> Vec<usize>
     executable.handle.devices().to_vec()
 }
 
+/// A run that stops once the calling process is gone, with the monitor
+/// of that process (see `cancel`), for programs whose loops check it.
+pub type Watched = (std::sync::Arc<Run>, ResourceArc<cancel::Watch>);
+
+/// The watch of a run of the calling process, when `checked` (the
+/// program takes a run id, a fact Elixir keeps).
+pub fn watch_caller(env: Env, checked: bool) -> Option<Watched> {
+    checked.then(|| cancel::watch(env, &env.pid()))
+}
+
 /// Runs a program of several replicas or partitions on all its devices at
 /// once (`lists[i]` on the i-th of `executable_devices`), on a thread of
 /// the run pool: its parts may wait for each other in collectives. Waits
 /// there for every output; replies `{reference, result}` with one list of
-/// outputs per device.
+/// outputs per device. With `checked`, as `executable_run_async`.
 #[rustler::nif]
 fn executable_run_devices<'a>(
     env: Env<'a>,
@@ -224,14 +248,27 @@ fn executable_run_devices<'a>(
     lists: Vec<Vec<ResourceArc<BufferResource>>>,
     donatable: Vec<usize>,
     reference: Term<'a>,
+    checked: bool,
 ) -> NifResult<Atom> {
+    let watched = watch_caller(env, checked);
     pool::reply_later(env, pool::runs(), reference, move || {
         for list in &lists {
             refuse_read_only_donation(list, &donatable)?;
         }
+        // Each device's part takes the run's id last.
+        let ids = match &watched {
+            Some((run, _)) => executable
+                .handle
+                .devices()
+                .iter()
+                .map(|&device| cancel::id_buffer(&executable.handle, run, device))
+                .collect::<pjrt::Result<Vec<_>>>()?,
+            None => Vec::new(),
+        };
         let buffers: Vec<Vec<&pjrt::Buffer>> = lists
             .iter()
-            .map(|list| list.iter().map(|b| &*b.handle).collect())
+            .enumerate()
+            .map(|(i, list)| list.iter().map(|b| &*b.handle).chain(ids.get(i)).collect())
             .collect();
         let arguments: Vec<&[&pjrt::Buffer]> = buffers.iter().map(|l| &l[..]).collect();
         let outputs = executable
@@ -261,12 +298,14 @@ scheduler_variants! {
         arguments: Vec<ResourceArc<BufferResource>>,
         donatable: Vec<usize>,
     ) -> NifResult<Vec<ResourceArc<BufferResource>>> {
-        run(&executable, &arguments, &donatable)
+        run(&executable, &arguments, &donatable, None)
     }
 }
 
 /// Runs on a thread of the run pool, for programs that may run long, and
-/// waits there for the outputs; replies `{reference, result}`.
+/// waits there for the outputs; replies `{reference, result}`. With
+/// `checked`, the program takes a run id last, and the run stops when the
+/// calling process is gone (see `cancel`).
 #[rustler::nif]
 fn executable_run_async<'a>(
     env: Env<'a>,
@@ -274,9 +313,11 @@ fn executable_run_async<'a>(
     arguments: Vec<ResourceArc<BufferResource>>,
     donatable: Vec<usize>,
     reference: Term<'a>,
+    checked: bool,
 ) -> NifResult<Atom> {
+    let watched = watch_caller(env, checked);
     pool::reply_later(env, pool::runs(), reference, move || {
-        run_and_wait(&executable, &arguments, &donatable)
+        run_and_wait(&executable, &arguments, &donatable, watched.as_ref())
     })
 }
 

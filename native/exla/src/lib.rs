@@ -14,6 +14,7 @@ mod schedule;
 
 mod buffer;
 mod callback;
+mod cancel;
 mod client;
 mod diagnostics;
 mod error;
