@@ -186,22 +186,22 @@ defmodule EXLA do
   therefore keeps the cost of every key within the size of its terms in
   memory:
 
-    * a key whose tree takes at most 65,536 words (functions' captured
-      values included) is the key, as in EXLA; EXLA walks it first, on
-      the calling scheduler, which costs about what hashing it does (a
-      small key, such as that of a function that captures nothing, is
-      looked at in Elixir without the walk);
+    * the function, and the options, each stand for themselves when their
+      tree takes at most 65,536 words (a function's captured values
+      included), as in EXLA; EXLA walks them first, on the calling
+      scheduler, which costs about what hashing them does (small options,
+      and a function that captures nothing, are looked at in Elixir
+      without the walk);
 
-    * a larger key stands for a 128-bit digest of its value, computed on
+    * a larger one stands for a 128-bit digest of its value, computed on
       a dirty scheduler with each subterm visited once wherever it is
       shared (XXH3-128, 5 to 50 ns a subterm): equal values get equal
       digests however they share, two different ones the same digest with
       a probability of about 2^-128. The calling process remembers the
-      last 4 functions whose captured values took more than the budget
-      (the same term in memory, so the same value), with their digests,
-      and the size of the others: calling the same jitted function again
-      skips the walk and the digest of what it captured (the function is
-      kept alive until 4 others replace it);
+      answer for the last 4 functions that captured something (the same
+      term in memory, so the same value): calling the same jitted
+      function again skips the walk and the digest of what it captured
+      (a remembered function is kept alive until 4 others replace it);
 
     * a compiled program that would hold such a term (a hook's function
       that captured it, or the variants of `lazy_transfers: :always`,

@@ -11,6 +11,7 @@ defmodule EXLA.Defn do
   # expression is built and nothing is lowered.
 
   alias EXLA.Defn.{Call, Compilation, Compiled}
+  alias EXLA.SharedTerm
   alias EXLA.LockedCache
 
   @mode_key {__MODULE__, :mode}
@@ -75,9 +76,10 @@ defmodule EXLA.Defn do
 
   # The cache key of a function compiled for `key`, `vars` and `opts`. The
   # function and its options are the user's: what they capture may share
-  # subterms, and the key stays within a bounded cost (EXLA.SharedTerm).
+  # subterms, and the key stays within a bounded cost (EXLA.SharedTerm;
+  # vars_key/1 is made of the arguments' types and shapes).
   defp jit_cache_key(key, vars, opts),
-    do: EXLA.SharedTerm.key({:jit, key, Compilation.vars_key(vars), opts}, key)
+    do: {:jit, SharedTerm.function_key(key), Compilation.vars_key(vars), SharedTerm.key(opts)}
 
   # Streams exist on Nx 0.7 only (see EXLA.stream/3).
   if EXLA.NxVersion.streams?() do
@@ -109,7 +111,8 @@ defmodule EXLA.Defn do
     The cache key of a stream compiled for `key`, `vars` and `opts`.
     """
     def stream_cache_key(key, vars, opts),
-      do: EXLA.SharedTerm.key({:stream, key, Compilation.vars_key(vars), opts}, key)
+      do:
+        {:stream, SharedTerm.function_key(key), Compilation.vars_key(vars), SharedTerm.key(opts)}
   end
 
   ## Modes used by EXLA.cached?/3 and EXLA.to_mlir_module/3

@@ -26,7 +26,8 @@ defmodule EXLA.SharedTerm do
   # a cache key holding a closure that captured such a term froze the VM.
   # `inspect/2` also walks the tree (preemptibly, but for ever).
   #
-  #   * `key/1` is what stands for a term in a cache key: the term itself
+  #   * `key/1` is what stands for a term in a cache key (and
+  #     `function_key/1` for a function, remembering the answer): the term itself
   #     when its tree is at most `budget/0` words (hashing and comparing
   #     it then take about a tenth of a millisecond at most), otherwise
   #     `{EXLA.SharedTerm, digest}`. Which of the two depends on the tree
@@ -67,107 +68,81 @@ defmodule EXLA.SharedTerm do
   @remembered_kept 4
 
   @doc """
-  `key/1` of `term`, which holds the function `fun` (a jit's function,
-  whose key is asked on every call). The calling process remembers what
-  it found about the last #{@remembered_kept} such functions, by their
-  place in memory (the same term, so the same value): when a jitted
-  function is called again with the same function, the walk of what the
-  function captured is skipped (its size is remembered), and for one
-  over the budget its digest too. Remembering a function keeps it alive
-  until #{@remembered_kept} others replace it.
+  `key/1` of `fun`, a compiler's key (a jit's function, whose key is
+  asked on every call; any other term is `key/1`'s). The calling process
+  remembers the answer for the last #{@remembered_kept} functions that
+  captured something, by their place in memory (the same term, so the
+  same value): a jitted function called again skips the walk of what it
+  captured, and its digest when it is over the budget. Remembering a
+  function keeps it alive until #{@remembered_kept} others replace it.
   """
-  def key(term, fun) when is_function(fun) do
-    if small?(term), do: term, else: key_with(term, fun, remembered(fun))
-  end
-
-  # A compiler's key need not be a function.
-  def key(term, _key), do: key(term)
-
-  # `words` bounds what `fun` takes (it is what a key holding it took).
-  defp key_with(term, fun, {:words, words}) do
-    if (words + @small <= @budget and small(term, @small, fun) >= 0) or
-         tree_left([term], @budget - words, [fun]) != :over,
-       do: term,
-       else: key_with(term, fun, nil)
-  end
-
-  defp key_with(term, fun, {:digest, fun_digest}) do
-    {digest, _known} = digest(term, [{fun, fun_digest}], false)
-    {__MODULE__, digest}
-  end
-
-  defp key_with(term, fun, nil) do
-    case tree_left([term], @budget, []) do
-      :over ->
-        {__MODULE__, digest_remembering(term, fun)}
-
-      left ->
-        remember(fun, {:words, @budget - left})
-        term
+  def function_key(fun) when is_function(fun) do
+    case :erlang.fun_info(fun, :env) do
+      {:env, []} -> fun
+      {:env, _} -> function_key(fun, remembered(Process.get(@remembered, []), fun))
     end
   end
 
-  # The digest of `term`; `fun`'s is remembered when `fun` alone is over
-  # the budget.
-  defp digest_remembering(term, fun) do
-    {digest, known} = digest(term, [], false)
+  def function_key(other), do: key(other)
 
-    if not bounded?(fun) do
-      {_fun, fun_digest} = Enum.find(known, fn {known, _} -> :erts_debug.same(known, fun) end)
-      remember(fun, {:digest, fun_digest})
+  defp function_key(fun, :itself), do: fun
+  defp function_key(_fun, {:digest, digest}), do: {__MODULE__, digest}
+
+  defp function_key(fun, nil) do
+    if bounded?(fun) do
+      remember(fun, :itself)
+      fun
+    else
+      digest = digest(fun)
+      remember(fun, {:digest, digest})
+      {__MODULE__, digest}
     end
-
-    digest
   end
 
   # Only the same term in memory counts: comparing values would walk them.
-  defp remembered(fun) do
-    Enum.find_value(Process.get(@remembered, []), fn {known, fact} ->
-      if :erts_debug.same(known, fun), do: fact
-    end)
+  defp remembered([{known, fact} | rest], fun) do
+    if :erts_debug.same(known, fun), do: fact, else: remembered(rest, fun)
   end
+
+  defp remembered([], _fun), do: nil
 
   defp remember(fun, fact) do
     kept = Enum.take([{fun, fact} | Process.get(@remembered, [])], @remembered_kept)
     Process.put(@remembered, kept)
   end
 
-  # A look, in Elixir, at small keys (the usual jit key, an operation's
+  # A look, in Elixir, at small terms (the usual options, an operation's
   # static arguments): at most #{@small} atoms, small integers, floats,
-  # short binaries, lists, tuples and functions without captures (and
-  # `except`, counted as one). It costs less than a call of the NIF, and
-  # gives the same answer (such a tree fits the budget); anything else is
-  # left to the NIF. Returns what is left of `left`, negative when the
-  # look failed.
-  defp small?(term), do: small(term, @small, nil) >= 0
+  # short binaries, lists, tuples, maps of at most 16 keys and functions
+  # without captures. It costs
+  # less than a call of the NIF, and gives the same answer (such a tree
+  # fits the budget); anything else is left to the NIF.
+  defp small?(term), do: small(term, @small) >= 0
 
-  defp small(_term, left, _except) when left < 0, do: left
-  defp small(term, left, _except) when is_atom(term) or is_float(term), do: left - 1
+  defp small(_term, left) when left < 0, do: left
+  defp small([], left), do: left
+  defp small([head | tail], left), do: small(tail, small(head, left - 1))
 
-  defp small(term, left, _except) when is_integer(term) and abs(term) < @small_integer,
-    do: left - 1
+  defp small(tuple, left) when is_tuple(tuple),
+    do: small_elements(tuple, tuple_size(tuple), left - 1)
 
-  defp small(term, left, _except) when is_binary(term) and byte_size(term) <= 64, do: left - 1
-  defp small([], left, _except), do: left
-  defp small([head | tail], left, except), do: small(tail, small(head, left - 1, except), except)
+  defp small(term, left) when is_atom(term) or is_float(term), do: left - 1
+  defp small(term, left) when is_integer(term) and abs(term) < @small_integer, do: left - 1
+  defp small(term, left) when is_binary(term) and byte_size(term) <= 64, do: left - 1
 
-  defp small(tuple, left, except) when is_tuple(tuple),
-    do: small_elements(tuple, tuple_size(tuple), left - 1, except)
+  defp small(map, left) when is_map(map) and map_size(map) <= 16,
+    do: :maps.fold(fn key, value, left -> small(value, small(key, left - 1)) end, left - 1, map)
 
-  defp small(fun, left, except) when is_function(fun) do
-    cond do
-      :erts_debug.same(fun, except) -> left - 1
-      :erlang.fun_info(fun, :env) == {:env, []} -> left - 1
-      true -> -1
-    end
+  defp small(fun, left) when is_function(fun) do
+    if :erlang.fun_info(fun, :env) == {:env, []}, do: left - 1, else: -1
   end
 
-  defp small(_term, _left, _except), do: -1
+  defp small(_term, _left), do: -1
 
-  defp small_elements(_tuple, i, left, _except) when i == 0 or left < 0, do: left
+  defp small_elements(_tuple, i, left) when i == 0 or left < 0, do: left
 
-  defp small_elements(tuple, i, left, except),
-    do: small_elements(tuple, i - 1, small(:erlang.element(i, tuple), left, except), except)
+  defp small_elements(tuple, i, left),
+    do: small_elements(tuple, i - 1, small(:erlang.element(i, tuple), left))
 
   @doc """
   Whether `term`'s tree, functions' captured values included, takes at

@@ -326,7 +326,8 @@ defmodule EXLA.Defn.Compilation do
     variant = fn device ->
       opts = Keyword.put(opts, :device_inputs, device)
       build = fn -> key |> compile_expr(expr, vars, opts) |> elem(0) end
-      cache_key = SharedTerm.key({:lazy_variant, key, vars_key(vars), opts})
+      function = SharedTerm.function_key(key)
+      cache_key = {:lazy_variant, function, vars_key(vars), SharedTerm.key(opts)}
 
       {_hit_miss_or_off, compiled} =
         LockedCache.fetch_or_build(opts[:cache], cache_key, :permanent, build)
@@ -515,5 +516,6 @@ defmodule EXLA.Defn.Compilation do
   defp var_key(tuple) when is_tuple(tuple),
     do: tuple |> Tuple.to_list() |> vars_key() |> List.to_tuple()
 
-  defp var_key(container), do: Composite.traverse(container, &var_key/1)
+  # Another container (a map, a struct) may keep terms of the user's.
+  defp var_key(container), do: SharedTerm.key(Composite.traverse(container, &var_key/1))
 end

@@ -230,7 +230,8 @@ defmodule EXLA.Defn.Sharded do
   defp cached(form, key, vars, mesh, shardings, opts, build) do
     vars_key = EXLA.Defn.Compilation.vars_key(vars)
     # The function and options are the user's (see EXLA.SharedTerm).
-    cache_key = EXLA.SharedTerm.key({form, key, vars_key, mesh, shardings, opts}, key)
+    function = EXLA.SharedTerm.function_key(key)
+    cache_key = {form, function, vars_key, EXLA.SharedTerm.key({mesh, shardings, opts})}
 
     {_hit_miss_or_off, compiled} =
       LockedCache.fetch_or_build(opts[:cache], cache_key, :permanent, build)

@@ -184,11 +184,15 @@ fn run(
     run: Option<&Run>,
 ) -> NifResult<Buffers> {
     refuse_read_only_donation(arguments, donatable)?;
-    let device = executable.handle.device();
-    let id = run
-        .map(|run| cancel::id_buffer(&executable.handle, run, device))
-        .transpose()?;
     let mut buffers: Vec<&pjrt::Buffer> = arguments.iter().map(|b| &*b.handle).collect();
+    let id = match run {
+        Some(run) => Some(cancel::id_buffer(
+            &executable.handle,
+            run,
+            executable.handle.device(),
+        )?),
+        None => None,
+    };
     buffers.extend(id.as_ref());
     let outputs = executable.handle.execute(&buffers, donatable)?;
     give_up_donated(arguments, donatable);
