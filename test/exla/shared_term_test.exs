@@ -49,6 +49,27 @@ defmodule EXLA.SharedTermTest do
     end
   end
 
+  describe "function_key/1" do
+    test "is the function, or its digest, remembered by the calling process" do
+      make = fn captured -> fn x -> {x, captured} end end
+      small = make.(doubling(4))
+      assert SharedTerm.function_key(small) === small
+      assert SharedTerm.function_key(small) === small
+
+      large = make.(doubling(40))
+      assert {SharedTerm, digest} = SharedTerm.function_key(large)
+      assert SharedTerm.function_key(large) == {SharedTerm, digest}
+      # other closures of the same code: their own values, not the last's
+      assert SharedTerm.function_key(make.(doubling(40))) == {SharedTerm, digest}
+      assert {SharedTerm, other} = SharedTerm.function_key(make.(doubling(41)))
+      refute other == digest
+      small_again = make.(doubling(5))
+      assert SharedTerm.function_key(small_again) === small_again
+      assert SharedTerm.function_key(&Enum.map/2) == (&Enum.map/2)
+      assert SharedTerm.function_key(make_ref()) |> is_reference()
+    end
+  end
+
   describe "digest/2" do
     test "follows the exact value (=:=)" do
       digest = &SharedTerm.digest/1
