@@ -32,71 +32,78 @@ defmodule EXLA.StoppedRunsTest do
 
   @long 1_000_000_000
 
-  # The CPU time, in µs, of all the VM's threads: a run's loop runs on a
-  # thread of the NIF's run pool, or on the plugin's own threads (which
+  # The CPU time, in µs, of each of the VM's threads: a run's loop runs on
+  # a thread of the NIF's run pool, or on the plugin's own threads (which
   # Linux names after the thread that made the client, a dirty scheduler).
-  defp run_threads_cpu do
-    for stat <- Path.wildcard("/proc/self/task/*/schedstat"), reduce: 0 do
-      total ->
-        case File.read(stat) do
-          {:ok, text} -> total + div(text |> String.split() |> hd() |> String.to_integer(), 1000)
-          # a thread that just ended
-          {:error, _} -> total
-        end
+  defp thread_cpu do
+    for stat <- Path.wildcard("/proc/self/task/*/schedstat"),
+        {:ok, text} <- [File.read(stat)],
+        into: %{} do
+      {stat, div(text |> String.split() |> hd() |> String.to_integer(), 1000)}
     end
   end
 
-  # Starts `run` in a process of its own (unlinked), and returns once it
-  # is running.
-  defp start(run) do
-    pid = spawn(run)
-    assert_running()
-    pid
+  # The threads that took more than half of `ms` of CPU in the next `ms`.
+  defp busy_threads(ms) do
+    before = thread_cpu()
+    Process.sleep(ms)
+
+    for {thread, cpu} <- thread_cpu(),
+        cpu - Map.get(before, thread, cpu) > ms * 500,
+        into: MapSet.new(),
+        do: thread
   end
 
-  # Waits until a run keeps a core busy (the program compiled, if it had
-  # to, and its loop going).
-  defp assert_running(tries \\ 100) do
-    before = run_threads_cpu()
-    Process.sleep(100)
+  # Starts `call` with `start` and returns, once it is running, the
+  # threads its run keeps busy (not those busy before: other tests' runs
+  # may still go on in this VM).
+  defp start(start, call) do
+    others = busy_threads(100)
+    caller = start.(call)
+    {caller, running(others)}
+  end
+
+  defp running(others, tries \\ 100) do
+    ours = MapSet.difference(busy_threads(100), others)
 
     cond do
-      run_threads_cpu() - before > 50_000 -> :ok
-      tries > 0 -> assert_running(tries - 1)
+      MapSet.size(ours) > 0 -> ours
+      tries > 0 -> running(others, tries - 1)
       true -> flunk("the run did not start")
     end
   end
 
-  # The CPU time the run threads take from `stop.()` (which ends the
-  # caller) to 300 ms later.
-  defp cpu_after(stop) do
-    before = run_threads_cpu()
+  # The CPU time `threads` take from `stop.()` (which ends the caller) to
+  # 300 ms later.
+  defp cpu_after(threads, stop) do
+    cpu = fn ->
+      thread_cpu() |> Map.take(MapSet.to_list(threads)) |> Map.values() |> Enum.sum()
+    end
+
+    before = cpu.()
     stop.()
     Process.sleep(300)
-    run_threads_cpu() - before
+    cpu.() - before
   end
 
   # Each way a caller goes: the run it waited for takes less than 50 ms of
   # a core afterwards (it took the whole 300 ms before EXLA checked).
   defp assert_stops(call) do
     for how <- [:kill, :exit, :task_shutdown] do
-      stop =
+      {caller, threads} =
         case how do
-          :kill ->
-            pid = start(call)
-            fn -> Process.exit(pid, :kill) end
-
-          :exit ->
-            pid = start(call)
-            fn -> Process.exit(pid, :shutdown) end
-
-          :task_shutdown ->
-            task = Task.async(fn -> call.() end)
-            assert_running()
-            fn -> Task.shutdown(task, :brutal_kill) end
+          :task_shutdown -> start(&Task.async/1, call)
+          _other -> start(&spawn/1, call)
         end
 
-      assert cpu_after(stop) < 50_000, "#{how}: the run went on"
+      stop =
+        case how do
+          :kill -> fn -> Process.exit(caller, :kill) end
+          :exit -> fn -> Process.exit(caller, :shutdown) end
+          :task_shutdown -> fn -> Task.shutdown(caller, :brutal_kill) end
+        end
+
+      assert cpu_after(threads, stop) < 50_000, "#{how}: the run went on"
     end
   end
 
@@ -137,7 +144,7 @@ defmodule EXLA.StoppedRunsTest do
         spawn(fn -> send(parent, {self(), counter.(count)}) end)
       end
 
-    assert_running()
+    Process.sleep(200)
     Process.exit(doomed, :kill)
     assert_receive {^kept, result}, 60_000
     assert Nx.to_number(result) == n
@@ -150,14 +157,14 @@ defmodule EXLA.StoppedRunsTest do
     client = EXLA.Client.fetch!(:stopped_runs)
     backend = {EXLA.Backend, client: :stopped_runs}
     carrier = EXLA.jit(&carry/2, donate: [0], client: :stopped_runs)
-    # compiled beforehand: the run starts at once
+    # compiled beforehand, so that the ledger counts the run's buffers only
     carrier.(Nx.iota({1024}, type: :f32, backend: backend), 1)
     :erlang.garbage_collect()
     before = EXLA.Client.get_memory_statistics(client).allocated
     x = Nx.iota({1024}, type: :f32, backend: backend)
     assert EXLA.Client.get_memory_statistics(client).allocated == before + 4096
-    caller = start(fn -> carrier.(x, @long) end)
-    assert cpu_after(fn -> Process.exit(caller, :kill) end) < 50_000
+    {caller, threads} = start(&spawn/1, fn -> carrier.(x, @long) end)
+    assert cpu_after(threads, fn -> Process.exit(caller, :kill) end) < 50_000
 
     assert_raise RuntimeError, ~r/donated|deleted/, fn -> Nx.to_binary(x) end
     assert EXLA.Client.get_memory_statistics(client).allocated == before
