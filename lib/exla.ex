@@ -50,11 +50,14 @@ defmodule EXLA do
 
     * `:precision` - the precision of dot products and convolutions on
       floating point operands: `:default`, `:high` or `:highest`. Defaults
-      to `:default`. `:packed_nibble` is accepted too, as in EXLA 0.7, but
+      to `:default`. Any other value raises, as EXLA 0.13 words it,
+      "expected precision configuration to be one of :default, :high, or
+      :highest, got: ...", when the function is compiled (EXLA raises
+      only when it lowers a dot product or a convolution). On Nx 0.7,
+      `:packed_nibble` is accepted too, as in EXLA 0.7, and the message
+      lists it (":default, :high, :highest, or :packed_nibble"), but
       StableHLO has no such precision, so a function with a dot product or
-      a convolution raises when compiled with it. Any other value raises
-      "expected precision configuration to be one of :default, :high,
-      :highest, or :packed_nibble, got: ...". (EXLA 0.7's MLIR compiler
+      a convolution raises when compiled with it. (EXLA 0.7's MLIR compiler
       checked the value but left it out of the program; here it is the
       `precision_config` of every `dot_general` and `convolution`.)
 
@@ -68,14 +71,21 @@ defmodule EXLA do
       executable in the compile cache on disk (`EXLA.CompileCache`) for
       later VMs. When `false`, the function is compiled on every call and
       nothing is kept, in memory or on disk. A path (a string) keeps the
-      function in memory and its executable in that one file, which is
-      read when it holds this very program and replaced otherwise (as
-      EXLA 0.9's `cache: path`); with `debug: true` it logs, as EXLA does,
-      "EXLA disk cache found at PATH" or "EXLA disk cache not found at
-      PATH". EXLA checks that the file holds this very program (see
-      `EXLA.CompileCache`), so, unlike in EXLA, one path given to two
-      functions does not run the wrong program: each call of the other
-      replaces the file.
+      executable in that one file, as EXLA 0.9 and later do: every call
+      (every compilation, for `compile/3`) reads the file first, before
+      the function kept in memory. A file for the same configuration (the
+      client, the arguments' types, shapes and names, `:lazy_transfers`,
+      the hooks' names and the other options) is used, and with
+      `debug: true` "EXLA disk cache found at PATH" is logged; without a
+      file, "EXLA disk cache not found at PATH" is logged with
+      `debug: true` and the file is written. A file for another
+      configuration logs EXLA's warning "EXLA disk cache does not match
+      configuration." with the entries that differ, and is replaced. Unlike
+      EXLA, a file whose configuration matches but which holds another
+      program (another function given the same path, a function changed
+      since, or one compiled by another plugin) is not run: a warning says
+      so, and the file is replaced. `shard_jit/3` keeps its programs in
+      memory only.
 
     * `:debug` - when `true`, logs (at the debug level) the time spent
       evaluating the expression, compiling it (with whether each was a cache

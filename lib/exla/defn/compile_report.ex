@@ -25,7 +25,7 @@ defmodule EXLA.Defn.CompileReport do
   """
   def compiled(key, vars, expr, opts, timing, disk_cache) do
     %{eval_time: eval_time, compile_time: compile_time, stages: stages} = timing
-    if opts[:debug], do: log(key, opts[:cache], compile_time, disk_cache)
+    if opts[:debug], do: log(key, compile_time, disk_cache)
 
     times = %{
       eval_time: eval_time,
@@ -50,19 +50,12 @@ defmodule EXLA.Defn.CompileReport do
     :ok
   end
 
-  defp log(key, cache, compile_time, disk_cache) do
-    if is_binary(cache), do: log_file(cache, disk_cache)
-
+  defp log(key, compile_time, disk_cache) do
     Logger.debug(
       "EXLA compilation #{EXLA.SharedTerm.inspect(key)} cache miss in #{ms(compile_time)}ms" <>
         if(disk_cache == :hit, do: " (loaded from the disk cache)", else: "")
     )
   end
-
-  # The lines EXLA 0.9 and later log for `cache: path`.
-  defp log_file(path, :hit), do: Logger.debug("EXLA disk cache found at #{inspect(path)}")
-  defp log_file(path, :miss), do: Logger.debug("EXLA disk cache not found at #{inspect(path)}")
-  defp log_file(_path, _other), do: :ok
 
   # EXLA's three measurements, and the stages of :compile_time.
   defp measurements(times, stages) do

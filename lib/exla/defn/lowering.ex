@@ -64,9 +64,10 @@ defmodule EXLA.Defn.Lowering do
 
   Options:
 
-    * `:precision` - `:default`, `:high`, `:highest` or `:packed_nibble`;
-      used by every `dot_general` and `convolution` (which cannot be
-      lowered with `:packed_nibble`: StableHLO has no such precision)
+    * `:precision` - `:default`, `:high`, `:highest` or, on Nx 0.7.2,
+      `:packed_nibble`; used by every `dot_general` and `convolution`
+      (which cannot be lowered with `:packed_nibble`: StableHLO has no
+      such precision)
 
     * `:hooks` - a map of hook functions by name. When given and the
       expression has active hooks, the module takes a `ui64` chain as its
@@ -216,7 +217,7 @@ defmodule EXLA.Defn.Lowering do
 
     precision = opts[:precision] || :default
 
-    unless precision in [:default, :high, :highest, :packed_nibble] do
+    unless precision in EXLA.NxVersion.precisions() do
       raise ArgumentError, "unknown precision #{inspect(precision)}"
     end
 
