@@ -651,11 +651,7 @@ defmodule EXLA.Defn.Lowering do
     inits = if chain, do: inits ++ [chain], else: inits
     types = Enum.map(inits, & &1.type)
 
-    {cond_region, b} =
-      region(b, types, :isolated, fn b, _args ->
-        {pred, b} = lower_pred(condition, b)
-        {[pred], b}
-      end)
+    {cond_region, b} = condition_region(b, types, condition)
 
     {body_region, b} =
       region(b, types, :isolated, fn b, args ->
@@ -758,31 +754,45 @@ defmodule EXLA.Defn.Lowering do
   end
 
   defp lower_checked_while_cheap(inits, condition, block, b) do
-    chain = if b.assigns.chain, do: [b.assigns.chain], else: []
-    {never, b} = Ops.constant(b, {:u, 64}, {}, 0)
-    {one, b} = Ops.constant(b, {:s, 64}, {}, 1)
-    state = inits ++ chain ++ [b.assigns.run_id, never, one]
+    {carried, chained} = with_chain_value(inits, b)
+    {check, b} = check_state(b)
+    state = carried ++ check
     types = Enum.map(state, & &1.type)
-
-    {cond_region, b} =
-      region(b, types, :isolated, fn b, _args ->
-        {pred, b} = lower_pred(condition, b)
-        {[pred], b}
-      end)
+    {cond_region, b} = condition_region(b, types, condition)
 
     {body_region, b} =
       region(b, types, :isolated, fn b, args ->
         {values, [id, last, stride]} = Enum.split(args, -3)
         {[now, stride], b} = run_check(b, id, last, stride)
-        stride_args = {condition, block, length(chain)}
+        stride_args = {condition, block, chained}
         {values, b} = lower_cheap_stride(values, id, stride, stride_args, b)
         {values ++ [id, now, stride], b}
       end)
 
     {results, b} = Ops.while(b, state, cond_region, body_region)
     {results, _check_state} = Enum.split(results, -3)
-    {results, [chain]} = if chain == [], do: {results, [nil]}, else: Enum.split(results, -1)
-    {results, assign(b, chain: chain)}
+    take_chain(results, b.assigns.chain, b)
+  end
+
+  # The loop values, with the chain last when there is one, and how many
+  # chains that is (0 or 1).
+  defp with_chain_value(values, %{assigns: %{chain: nil}}), do: {values, 0}
+  defp with_chain_value(values, %{assigns: %{chain: chain}}), do: {values ++ [chain], 1}
+
+  # The values a checked loop carries for its checks: the run id, the time
+  # of the last check (0: none yet) and the stride (1 at first).
+  defp check_state(b) do
+    {never, b} = Ops.constant(b, {:u, 64}, {}, 0)
+    {one, b} = Ops.constant(b, {:s, 64}, {}, 1)
+    {[b.assigns.run_id, never, one], b}
+  end
+
+  # A loop's condition region, the condition lowered on its arguments.
+  defp condition_region(b, types, condition) do
+    region(b, types, :isolated, fn b, _args ->
+      {pred, b} = lower_pred(condition, b)
+      {[pred], b}
+    end)
   end
 
   # The inner loop of lower_checked_while_cheap/4: up to `stride`
@@ -797,20 +807,15 @@ defmodule EXLA.Defn.Lowering do
       region(b, types, :isolated, fn b, args ->
         [count, stride] = Enum.take(args, -2)
         {pred, b} = lower_pred(condition, b)
-        {more, b} = Ops.compare(b, "LT", count, stride)
-        {go, b} = Ops.binary(b, "stablehlo.and", pred, more)
+        {go, b} = within_stride(b, pred, count, stride)
         {[go], b}
       end)
 
     {body_region, b} =
       region(b, types, :isolated, fn b, args ->
         {values, [id, count, stride]} = Enum.split(args, -3)
-        chain = if chained == 1, do: List.last(values)
-        b = assign(b, run_id: id, chain: chain)
-        {values, b} = lower_body(block, loop_types, b)
-        {one, b} = Ops.constant(b, {:s, 64}, {}, 1)
-        {count, b} = Ops.binary(b, "stablehlo.add", count, one)
-        {with_chain(values, b) ++ [id, count, stride], b}
+        {values, count, b} = stride_iteration(b, values, {id, count}, block, loop_types)
+        {values ++ [id, count, stride], b}
       end)
 
     {results, b} = Ops.while(b, state, cond_region, body_region)
@@ -820,11 +825,9 @@ defmodule EXLA.Defn.Lowering do
 
   defp lower_checked_while_carried(inits, condition, block, b) do
     {pred, b} = lower_condition(condition, inits, b)
-    chain = if b.assigns.chain, do: [b.assigns.chain], else: []
-    {never, b} = Ops.constant(b, {:u, 64}, {}, 0)
-    {one, b} = Ops.constant(b, {:s, 64}, {}, 1)
-    carried = inits ++ chain
-    state = carried ++ [b.assigns.run_id, never, one, pred]
+    {carried, chained} = with_chain_value(inits, b)
+    {check, b} = check_state(b)
+    state = carried ++ check ++ [pred]
     types = Enum.map(state, & &1.type)
 
     {cond_region, b} = region(b, types, :isolated, fn b, args -> {[List.last(args)], b} end)
@@ -833,15 +836,14 @@ defmodule EXLA.Defn.Lowering do
       region(b, types, :isolated, fn b, args ->
         {values, [id, last, stride, pred]} = Enum.split(args, -4)
         {[now, stride], b} = run_check(b, id, last, stride)
-        {values, b} = lower_stride(values, id, stride, pred, {condition, block, length(chain)}, b)
+        {values, b} = lower_stride(values, id, stride, pred, {condition, block, chained}, b)
         {values, [pred]} = Enum.split(values, -1)
         {values ++ [id, now, stride, pred], b}
       end)
 
     {results, b} = Ops.while(b, state, cond_region, body_region)
     {results, _check_state} = Enum.split(results, -4)
-    {results, [chain]} = if chain == [], do: {results, [nil]}, else: Enum.split(results, -1)
-    {results, assign(b, chain: chain)}
+    take_chain(results, b.assigns.chain, b)
   end
 
   @run_check_types [{{:u, 64}, {}}, {{:s, 64}, {}}]
@@ -867,26 +869,41 @@ defmodule EXLA.Defn.Lowering do
     {cond_region, b} =
       region(b, types, :isolated, fn b, args ->
         [count, stride, pred] = Enum.take(args, -3)
-        {more, b} = Ops.compare(b, "LT", count, stride)
-        {go, b} = Ops.binary(b, "stablehlo.and", pred, more)
+        {go, b} = within_stride(b, pred, count, stride)
         {[go], b}
       end)
 
     {body_region, b} =
       region(b, types, :isolated, fn b, args ->
         {values, [id, count, stride, _pred]} = Enum.split(args, -4)
-        chain = if chained == 1, do: List.last(values)
-        b = assign(b, run_id: id, chain: chain)
-        {values, b} = lower_body(block, loop_types, b)
-        {pred, b} = lower_condition(condition, values, b)
-        {one, b} = Ops.constant(b, {:s, 64}, {}, 1)
-        {count, b} = Ops.binary(b, "stablehlo.add", count, one)
-        {with_chain(values, b) ++ [id, count, stride, pred], b}
+        {values, count, b} = stride_iteration(b, values, {id, count}, block, loop_types)
+        {loop_values, _chain} = Enum.split(values, length(loop_types))
+        {pred, b} = lower_condition(condition, loop_values, b)
+        {with_chain(loop_values, b) ++ [id, count, stride, pred], b}
       end)
 
     {results, b} = Ops.while(b, state, cond_region, body_region)
     {values, [_id, _count, _stride, pred]} = Enum.split(results, -4)
     {values ++ [pred], b}
+  end
+
+  # Whether an inner loop goes on: `pred` holds and `count` < `stride`.
+  defp within_stride(b, pred, count, stride) do
+    {more, b} = Ops.compare(b, "LT", count, stride)
+    Ops.binary(b, "stablehlo.and", pred, more)
+  end
+
+  # One iteration of an inner loop: the body on the loop's values (the
+  # chain last when there is one, as `loop_types` tells), with the run id
+  # of the region's arguments; returns the new values (the chain last) and
+  # the count, one more.
+  defp stride_iteration(b, values, {id, count}, block, loop_types) do
+    chain = if length(values) > length(loop_types), do: List.last(values)
+    b = assign(b, run_id: id, chain: chain)
+    {values, b} = lower_body(block, loop_types, b)
+    {one, b} = Ops.constant(b, {:s, 64}, {}, 1)
+    {count, b} = Ops.binary(b, "stablehlo.add", count, one)
+    {with_chain(values, b), count, b}
   end
 
   # Lowers `condition` on `values` (the loop state) to an i1 predicate,

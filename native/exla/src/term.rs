@@ -242,11 +242,11 @@ fn node_digest(seed: u64, digests: &[u128], scratch: &mut Vec<u8>) -> u128 {
 /// `values` once its children's are.
 enum Step<'a> {
     Enter(Term<'a>),
-    Tuple(Term<'a>, usize),
-    Cons(Term<'a>),
+    /// A tuple, a list cell or a tensor by shape: the digest of its seed
+    /// over its last `usize` children's.
+    Node(Term<'a>, u64, usize),
     Run(Vec<(Term<'a>, u128)>),
     Map(Term<'a>, usize),
-    Tensor(Term<'a>),
 }
 
 /// One list cell in this many is remembered within a run of cells whose
@@ -273,15 +273,9 @@ impl<'a> Digester<'a> {
                     Some(&value) => values.push(value),
                     None => self.enter(term, &mut steps, &mut values),
                 },
-                Step::Tuple(term, arity) => {
-                    let start = values.len() - arity;
-                    let digest = node_digest(TUPLE, &values[start..], &mut self.scratch);
-                    values.truncate(start);
-                    self.remember(term, digest, &mut values);
-                }
-                Step::Cons(term) => {
-                    let start = values.len() - 2;
-                    let digest = node_digest(CONS, &values[start..], &mut self.scratch);
+                Step::Node(term, seed, children) => {
+                    let start = values.len() - children;
+                    let digest = node_digest(seed, &values[start..], &mut self.scratch);
                     values.truncate(start);
                     self.remember(term, digest, &mut values);
                 }
@@ -307,12 +301,6 @@ impl<'a> Digester<'a> {
                     let digest = node_digest(MAP, &[size as u128, sum], &mut self.scratch);
                     self.remember(term, digest, &mut values);
                 }
-                Step::Tensor(term) => {
-                    let start = values.len() - 2;
-                    let digest = node_digest(TENSOR, &values[start..], &mut self.scratch);
-                    values.truncate(start);
-                    self.remember(term, digest, &mut values);
-                }
             }
         }
         values.pop().unwrap_or_default()
@@ -327,10 +315,10 @@ impl<'a> Digester<'a> {
         let leaf = match term.get_type() {
             TermType::Tuple => {
                 let start = steps.len();
-                steps.push(Step::Tuple(term, 0));
+                steps.push(Step::Node(term, TUPLE, 0));
                 steps.extend(tuple_elements(term).into_iter().flatten().map(Step::Enter));
                 let arity = steps.len() - start - 1;
-                steps[start] = Step::Tuple(term, arity);
+                steps[start] = Step::Node(term, TUPLE, arity);
                 steps[start + 1..].reverse();
                 return;
             }
@@ -339,7 +327,7 @@ impl<'a> Digester<'a> {
                     if let Some(head) = self.scalar_digest(head) {
                         self.enter_run(term, head, tail, steps);
                     } else {
-                        steps.push(Step::Cons(term));
+                        steps.push(Step::Node(term, CONS, 2));
                         steps.push(Step::Enter(tail));
                         steps.push(Step::Enter(head));
                     }
@@ -349,7 +337,7 @@ impl<'a> Digester<'a> {
             },
             TermType::Map => {
                 if let Some((kind, shape)) = self.tensor_fields(term) {
-                    steps.push(Step::Tensor(term));
+                    steps.push(Step::Node(term, TENSOR, 2));
                     steps.push(Step::Enter(shape));
                     steps.push(Step::Enter(kind));
                     return;
