@@ -17,6 +17,13 @@ defmodule EXLA.StoppedRunsTest do
     i
   end
 
+  # count/1 inside a loop of two iterations: the inner loop checks too.
+  defn count_twice(n) do
+    {_j, total, _n} = while {j = 0, total = 0, n}, j < 2, do: {j + 1, total + count(n), n}
+
+    total
+  end
+
   # count/1 of the first of a batch of counts.
   defn count_first(batch), do: count(batch[0])
 
@@ -110,6 +117,12 @@ defmodule EXLA.StoppedRunsTest do
   test "EXLA.jit: a run whose caller is gone stops" do
     counter = EXLA.jit(&count/1)
     assert Nx.to_number(counter.(1000)) == 1000
+    assert_stops(fn -> counter.(@long) end)
+  end
+
+  test "a run stops in its innermost loop" do
+    counter = EXLA.jit(&count_twice/1)
+    assert Nx.to_number(counter.(1000)) == 2000
     assert_stops(fn -> counter.(@long) end)
   end
 
