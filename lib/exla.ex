@@ -224,22 +224,25 @@ defmodule EXLA do
   itself, as in EXLA (given by reference, at no cost): a handler that
   prints, compares or sends it pays for its tree.
 
-  Measured on a 2-core machine under load, with one scheduler
-  (`bench/shared_term_bench.exs`; medians of 7 rounds, µs per cached call
-  of `x + 1` on an `f32[2]`; the same closure called again, or a new
-  closure of equal value at each call):
+  Measured on a 2-core machine shared with other work, with one scheduler
+  (`bench/shared_term_bench.exs`, Elixir 1.14 and Nx 0.7.2; medians of 7
+  rounds, µs per cached call of `x + 1` on an `f32[2]`; the same closure
+  called again, or a new closure of equal value at each call):
 
   | captured | before, same | before, new | now, same | now, new |
   | --- | --- | --- | --- | --- |
-  | nothing | 19 | 20 | 19 | 19 |
-  | a list of 1,000 integers | 39 | 56 | 33 | 68 |
-  | a list of 100,000 integers | 2,171 | 1,892 | 23 | 3,293 |
-  | a chain of 20 tuples, 2^20 leaves | 35,872 | 37,148 | 27 | 583 |
+  | nothing | 4.7 | 4.8 | 4.8 | 5.3 |
+  | a list of 1,000 integers | 10.4 | 10.5 | 10.6 | 15.9 |
+  | a list of 100,000 integers | 789 | 959 | 5.3 | 3,610 |
+  | a chain of 20 tuples, 2^20 leaves | 20,237 | 19,880 | 6.0 | 292 |
 
-  With a chain of 40 tuples, a first call used to never return (at 22,
-  1.5 s, with the scheduler held 188 ms at a time); it now takes the
-  evaluator's time and the compile's plus less than a millisecond, at
-  any depth, and holds the scheduler less than a millisecond.
+  A closure that captured a chain of 16 tuples used to take 19 ms at its
+  first call beyond the compile and 0.8 ms at each later one, of 20
+  tuples 335 and 17.5 ms (the scheduler held 47 ms at a time), of 22
+  tuples 1,066 and 55 ms (291 ms held), and of 40 never returned. Now a
+  first call takes the evaluator's time and the compile's plus less than a
+  millisecond, and a later one 10 µs, at any depth (60 tested), with the
+  scheduler held less than a millisecond.
 
   ## Runs nobody waits for
 
