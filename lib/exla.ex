@@ -658,10 +658,13 @@ defmodule EXLA do
   The options of `jit/2` (those that shape the program, such as
   `:precision` and `:client`, change the module), and:
 
-    * `:within_defn_compiler` - `true` when called while a `defn` function
-      is being compiled (from a compiler's callback, or a function that
-      `defn` traces): the function is lowered although another compilation
-      is under way, where Nx would otherwise raise. Defaults to `false`.
+    * `:within_defn_compiler` - `true` when called from another `defn`
+      compiler's callback (such as its `__compile__/4`), with the function
+      and the vars that callback was given: `function` is then called with
+      the list `args` and returns the expression, as a compiler calls it,
+      and EXLA lowers it although a compilation is under way. Defaults to
+      `false`, where `function` takes `args` as its arguments, as in
+      `jit/2`.
   #{@mlir_mesh_doc}
   ## Examples
 
@@ -685,11 +688,38 @@ defmodule EXLA do
             "expected :within_defn_compiler to be a boolean, got: #{inspect(nested?)}"
     end
 
-    options = if nested?, do: [on_conflict: :force] ++ options, else: options
     {mesh, options} = Keyword.pop(options, :mesh)
-    run = mlir_module_run(function, args, mesh, options)
+    mesh = mlir_mesh!(mesh)
+
+    run =
+      if nested?,
+        do: compiler_run(function, args, mesh, options),
+        else: mlir_module_run(function, args, mesh, options)
+
     result = EXLA.Defn.__with_mode__(:to_mlir, run)
     %{result | used_inputs: MapSet.new(result.used_inputs)}
+  end
+
+  defp mlir_mesh!(nil), do: nil
+
+  if EXLA.NxVersion.meshes?() do
+    defp mlir_mesh!(%Nx.Mesh{} = mesh), do: mesh
+  end
+
+  defp mlir_mesh!(mesh),
+    do: raise(ArgumentError, "expected :mesh to be an %Nx.Mesh{}, got: #{inspect(mesh)}")
+
+  # From another compiler's callback, Nx is not asked to compile (it would
+  # refuse a compilation inside another): EXLA's own callback is called with
+  # the compiler's function and vars, as Nx would call it.
+  defp compiler_run(fun, vars, nil, options),
+    do: fn -> EXLA.Defn.__jit__(fun, vars, fun, [vars], options) end
+
+  # With a mesh, vars are the first partition's parts (as for shard_jit/3),
+  # and so every partition's as far as a module only lowered is concerned.
+  defp compiler_run(fun, vars, mesh, options) do
+    args_list = List.duplicate(vars, Tuple.product(mesh.shape))
+    fn -> EXLA.Defn.Sharded.shard_jit(fun, mesh, vars, fun, args_list, options) end
   end
 
   defp mlir_module_run(function, args, nil, options) do
@@ -702,14 +732,8 @@ defmodule EXLA do
     fn -> jit_apply(function, args, options) end
   end
 
-  if EXLA.NxVersion.meshes?() do
-    defp mlir_module_run(function, args, %Nx.Mesh{} = mesh, options),
-      do: fn -> shard_jit(function, mesh, options).(args) end
-  end
-
-  defp mlir_module_run(_function, _args, mesh, _options) do
-    raise ArgumentError, "expected :mesh to be an %Nx.Mesh{}, got: #{inspect(mesh)}"
-  end
+  defp mlir_module_run(function, args, mesh, options),
+    do: fn -> shard_jit(function, mesh, options).(args) end
 
   @impl Nx.Defn.Compiler
   defdelegate __jit__(key, vars, fun, args_list, opts), to: EXLA.Defn

@@ -293,6 +293,16 @@ defmodule EXLA.Defn.Lowering do
 
   defp assign(b, kv), do: %{b | assigns: Enum.into(kv, b.assigns)}
 
+  # A node is lowered in the devectorized frame: Nx builds every op's
+  # arguments (shapes, axes) there, with the vectorized axes leading, and
+  # vectorizes only the struct of the result, so a node seen vectorized (an
+  # output, or a value a hook or a cond holds) has the same arguments as
+  # its devectorized self.
+  defp devectorize(%T{vectorized_axes: []} = t), do: t
+
+  defp devectorize(%T{names: names, vectorized_axes: axes} = t),
+    do: %{t | shape: dims(t), names: Keyword.keys(axes) ++ names, vectorized_axes: []}
+
   @doc false
   def dims(%T{shape: shape, vectorized_axes: []}), do: shape
 
@@ -349,6 +359,7 @@ defmodule EXLA.Defn.Lowering do
         {res, b}
 
       _ ->
+        t = devectorize(t)
         check!(op, t, b)
         {res, b} = lower_op(op, t, b)
         {res, assign(b, cache: Map.put(b.assigns.cache, id, res))}
@@ -419,11 +430,15 @@ defmodule EXLA.Defn.Lowering do
   end
 
   # An integer constant (as `Nx.max(x, 0)` or the count of `Nx.mean` make)
-  # that `elem` represents exactly is emitted in `elem`: converting it at
-  # run time gives that same value, so the bits are the same and the
-  # program has one op less.
+  # whose value `elem` represents exactly is emitted in `elem`: converting
+  # it at run time gives that same value, so the bits are the same and the
+  # program has one op less. Its value is the number as its own type holds
+  # it: Nx 0.12 and later type an integer literal s32 whatever its size
+  # (`Nx.add(x, 2 ** 40 + 3)` adds 3, as Nx.BinaryBackend and EXLA.Backend
+  # do), Nx 0.7 s64.
   defp exact_constant(%T{type: {kind, _} = from, data: %Expr{op: :constant, args: [n]}}, elem)
        when kind in [:s, :u] and is_integer(n) and from != elem do
+    n = Ops.wrap_integer(from, n)
     if exact?(n, elem), do: {:ok, n}, else: :error
   end
 
