@@ -138,6 +138,18 @@ fn give_up_donated(arguments: &[ResourceArc<BufferResource>], donatable: &[usize
     }
 }
 
+/// After a launch that failed, gives up the donated arguments it took
+/// nonetheless (deleted by the plugin: an execution that failed as it
+/// ran, such as a run stopped by its check, see `cancel`), so that they
+/// stop counting; those it refused before taking them stay as they are.
+fn give_up_taken(arguments: &[ResourceArc<BufferResource>], donatable: &[usize]) {
+    for argument in donatable.iter().filter_map(|&i| arguments.get(i)) {
+        if argument.handle.is_deleted().unwrap_or(false) {
+            let _ = argument.give_up();
+        }
+    }
+}
+
 /// The outputs of one device, counted in the executable's ledger.
 fn wrap_outputs(executable: &ExecutableResource, outputs: Vec<pjrt::Buffer>) -> Buffers {
     outputs
@@ -194,7 +206,10 @@ fn run(
         None => None,
     };
     buffers.extend(id.as_ref());
-    let outputs = executable.handle.execute(&buffers, donatable)?;
+    let outputs = executable
+        .handle
+        .execute(&buffers, donatable)
+        .inspect_err(|_| give_up_taken(arguments, donatable))?;
     give_up_donated(arguments, donatable);
     tracing::trace!(
         target: "exla::run",
@@ -277,7 +292,12 @@ fn executable_run_devices<'a>(
         let arguments: Vec<&[&pjrt::Buffer]> = buffers.iter().map(|l| &l[..]).collect();
         let outputs = executable
             .handle
-            .execute_on_devices(&arguments, &donatable)?;
+            .execute_on_devices(&arguments, &donatable)
+            .inspect_err(|_| {
+                for list in &lists {
+                    give_up_taken(list, &donatable);
+                }
+            })?;
         for list in &lists {
             give_up_donated(list, &donatable);
         }
