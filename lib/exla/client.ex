@@ -310,10 +310,10 @@ defmodule EXLA.Client do
   As in EXLA, where clients are created by a server process, a client that
   cannot be created (invalid options, a plugin that is missing or fails,
   no devices) exits the caller: the exit reason is
-  `{{exception, stacktrace}, {GenServer, :call, [EXLA.Client, request, :infinity]}}`,
-  as a call to a server that raised `exception` gives, so code written for
-  EXLA that catches the exit catches it here too. Nothing is kept: the
-  next call tries again. (Without EXLA's application started, there is no
+  `{{exception, stacktrace}, {GenServer, :call, [EXLA.Client, {:client, name, options}, :infinity]}}`
+  (`options` as configured), as EXLA's call to its server that raised
+  `exception` gives, so code written for EXLA that catches the exit
+  catches it here too. Nothing is kept: the next call tries again. (Without EXLA's application started, there is no
   such server and the exception is raised.)
 
       # on a machine without CUDA
@@ -331,17 +331,18 @@ defmodule EXLA.Client do
     EXLA.Memo.peek({__MODULE__, :client, name}) || create(name)
   end
 
-  # EXLA's words for a name not configured, raised in the caller.
+  # EXLA's words for a name not configured, raised in the caller. The
+  # request named in an exit is EXLA's call, `{:client, name, options}`.
   defp create(name) do
     clients = Application.fetch_env!(:exla, :clients)
 
-    unless client_config(clients, name) do
-      raise ArgumentError,
-            "could not find EXLA client named #{inspect(name)}, the clients specified " <>
-              "in your config files are: #{inspect(Keyword.keys(clients))}"
-    end
+    options =
+      client_config(clients, name) ||
+        raise ArgumentError,
+              "could not find EXLA client named #{inspect(name)}, the clients specified " <>
+                "in your config files are: #{inspect(Keyword.keys(clients))}"
 
-    serialize(fn -> fetch_serialized(name) end, {:client, name})
+    serialize(fn -> fetch_serialized(name) end, {:client, name, options})
   end
 
   @doc """

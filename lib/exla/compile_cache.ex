@@ -154,10 +154,12 @@ defmodule EXLA.CompileCache do
   # the facts it was sealed with and is placed by this VM's policy (see
   # EXLA.Placement).
   #
-  # `cache` is `true`, `false`, a file path or `{path, configuration}` (see
-  # EXLA.Defn.CacheFile, which reads the file first and says what it
-  # finds): a file is loaded when it holds this very program, and written
-  # otherwise, with the configuration, without a word (its reader speaks).
+  # `cache` is `true`, `false`, a file path (`EXLA.stream/3`'s `cache:
+  # path`) or `{path, configuration}` (jit's, see EXLA.Defn.CacheFile,
+  # which reads the file first and says what it finds): a file is loaded
+  # when it holds this very program, and written otherwise, with the
+  # configuration; only a file without a reader of its own is warned about
+  # here, as the directory's files are.
   def compile(client, %EXLA.MLIR.Program{} = program, opts, cache) do
     case location(cache) do
       nil ->
@@ -230,8 +232,9 @@ defmodule EXLA.CompileCache do
 
   # {:ok, executable}, or {:miss, write_always?}: a file that was there but
   # could not be used is replaced whatever the compile time. The file of
-  # `cache: path` is replaced in any case, and its reader has reported it.
-  defp read({:file, _path, _configuration}, client, path, key) do
+  # jit's `cache: path` is replaced in any case, and its reader
+  # (EXLA.Defn.CacheFile) has reported it.
+  defp read({:file, _path, configuration}, client, path, key) when configuration != nil do
     with {:ok, binary} <- File.read(path),
          {:ok, executable, _metadata} <- Executable.load_binary(client, binary, %{cache_key: key}) do
       {:ok, executable}
@@ -240,7 +243,7 @@ defmodule EXLA.CompileCache do
     end
   end
 
-  defp read({:dir, _dir}, client, path, key) do
+  defp read(_dir_or_file, client, path, key) do
     case File.read(path) do
       {:ok, binary} ->
         case Executable.load_binary(client, binary, %{cache_key: key}) do

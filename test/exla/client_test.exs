@@ -59,10 +59,12 @@ defmodule EXLA.ClientTest do
       server = Process.whereis(EXLA.Client)
 
       assert {{%RuntimeError{message: message}, [_ | _]},
-              {GenServer, :call, [EXLA.Client, {:client, ^name}, :infinity]}} =
+              {GenServer, :call, [EXLA.Client, {:client, ^name, options}, :infinity]}} =
                catch_exit(Client.fetch!(name))
 
       assert message =~ "/nonexistent/plugin.so"
+      # EXLA's request: the name and the configured options
+      assert options == [platform: :host, plugin: "/nonexistent/plugin.so"]
 
       # through the compiler's options too, and nothing is kept
       assert {{%RuntimeError{}, _}, {GenServer, :call, _}} =

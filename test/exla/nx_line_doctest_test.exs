@@ -87,7 +87,7 @@ defmodule EXLA.NxLineDoctestTest.CappedISA do
     |> then(fn [a, b] -> Nx.subtract(a, b) |> Nx.abs() |> Nx.reduce_max() |> Nx.to_number() end)
   end
 
-  test "rsqrt on the host's own ISA is within 1 ulp of the reference" do
+  test "rsqrt on the host's own ISA is within 2 ulp of the reference in f64, 1 in f32" do
     reference = &Nx.with_default_backend(Nx.BinaryBackend, &1)
 
     x =

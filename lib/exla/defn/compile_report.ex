@@ -25,7 +25,7 @@ defmodule EXLA.Defn.CompileReport do
   """
   def compiled(key, vars, expr, opts, timing, disk_cache) do
     %{eval_time: eval_time, compile_time: compile_time, stages: stages} = timing
-    if opts[:debug], do: log(key, compile_time, disk_cache)
+    if opts[:debug], do: log(key, opts, compile_time, disk_cache)
 
     times = %{
       eval_time: eval_time,
@@ -50,11 +50,28 @@ defmodule EXLA.Defn.CompileReport do
     :ok
   end
 
-  defp log(key, compile_time, disk_cache) do
+  defp log(key, opts, compile_time, disk_cache) do
+    log_file(opts, disk_cache)
+
     Logger.debug(
       "EXLA compilation #{EXLA.SharedTerm.inspect(key)} cache miss in #{ms(compile_time)}ms" <>
         if(disk_cache == :hit, do: " (loaded from the disk cache)", else: "")
     )
+  end
+
+  # EXLA's lines for the file of `cache: path`, where no reader of its own
+  # said them: EXLA.Defn.CacheFile reads jit's file (which carries a
+  # configuration) and speaks for it; a stream's (EXLA.stream/3) is read
+  # only by the compile cache.
+  defp log_file(opts, disk_cache) do
+    with path when is_binary(path) <- opts[:cache],
+         nil <- opts[:cache_configuration] do
+      case disk_cache do
+        :hit -> Logger.debug("EXLA disk cache found at #{inspect(path)}")
+        :miss -> Logger.debug("EXLA disk cache not found at #{inspect(path)}")
+        _memory_or_off -> :ok
+      end
+    end
   end
 
   # EXLA's three measurements, and the stages of :compile_time.
