@@ -140,18 +140,20 @@ defmodule EXLA.SharedTermFreezeTest do
   # the wall time between ticks also counts the time the operating system
   # gave other programs, which this test does not judge.
   @script ~S"""
-  Application.put_env(:exla, :cache_dir, System.get_env("EXLA_TEST_CACHE"))
-  {:ok, _} = Application.ensure_all_started(:exla)
-  Logger.configure(level: :warning)
-
   defmodule Ticker do
-    def start do
+    # The normal scheduler's thread, found before EXLA starts: threads the
+    # plugin starts later take the name of the thread that starts them.
+    def scheduler_thread do
       [task] =
         for comm <- Path.wildcard("/proc/self/task/*/comm"),
             # its name on OTP 25 and on OTP 26 and later
             File.read!(comm) in ["1_scheduler\n", "erts_sched_1\n"],
             do: Path.dirname(comm)
 
+      task
+    end
+
+    def start(task) do
       schedstat = Path.join(task, "schedstat")
       spawn_link(fn -> tick(schedstat, now(schedstat), 0, 0) end)
     end
@@ -176,6 +178,11 @@ defmodule EXLA.SharedTermFreezeTest do
       end
     end
   end
+
+  scheduler = Ticker.scheduler_thread()
+  Application.put_env(:exla, :cache_dir, System.get_env("EXLA_TEST_CACHE"))
+  {:ok, _} = Application.ensure_all_started(:exla)
+  Logger.configure(level: :warning)
 
   depth = String.to_integer(System.get_env("DEPTH"))
   shared = Enum.reduce(1..depth, :leaf, fn _, acc -> {acc, acc} end)
@@ -267,7 +274,7 @@ defmodule EXLA.SharedTermFreezeTest do
     end
   ]
 
-  ticker = Ticker.start()
+  ticker = Ticker.start(scheduler)
 
   results =
     for {name, run} <- cases do
