@@ -226,7 +226,7 @@ defmodule EXLA.StoppedRunsTest do
         end
       end
       looper = Nx.Defn.compile(&Loop.forever/1, [0], compiler: EXLA)
-      #{if run?, do: "spawn(fn -> looper.(0) end)", else: "looper"}
+      #{if run?, do: "spawn(fn -> looper.(0) end)", else: "_ = looper"}
       Process.sleep(300)
       IO.puts("halting")
       System.halt(0)
