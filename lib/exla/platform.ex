@@ -53,6 +53,16 @@ defmodule EXLA.Platform do
   def qr_in_f64?(_platform), do: false
 
   @doc """
+  Whether QR, eigh, SVD, Cholesky and LU run as the NIF's native kernels
+  (`EXLA.Defn.Lowering.Decompositions`) on `platform`: on the host, whose
+  clients' plugins get them registered when the client is made. Other
+  platforms keep their lowerings (Nx's default implementations, and EXLA's
+  Householder QR and LU).
+  """
+  def native_linalg?(:host), do: true
+  def native_linalg?(_platform), do: false
+
+  @doc """
   The device files (globs) a platform's kernel driver creates on Linux:
   without one, no plugin of that platform can find a device.
   """

@@ -87,6 +87,11 @@ defmodule EXLA.Defn.Lowering do
     * `:qr_in_f64` - whether `qr` computes f32 in f64
       (`EXLA.Platform.qr_in_f64?/1`). Defaults to `false`
 
+    * `:native_linalg` - whether QR, eigh, SVD, Cholesky and LU are
+      custom calls to the NIF's host kernels
+      (`EXLA.Defn.Lowering.Decompositions`, `EXLA.Platform.native_linalg?/1`).
+      Defaults to `false`
+
     * `:client` - the `EXLA.Client` the program is for, which
       `EXLA.CustomCall.call/4` receives. Defaults to `nil`
 
@@ -180,7 +185,7 @@ defmodule EXLA.Defn.Lowering do
 
   @doc """
   The options of `to_mlir/3` that `client` decides: `:max_tensor_bytes`,
-  `:qr_in_f64` and `:client`. Every lowering for a client (jit, `EXLA.Backend`,
+  `:qr_in_f64`, `:native_linalg` and `:client`. Every lowering for a client (jit, `EXLA.Backend`,
   streams, `EXLA.shard_jit/3`) takes them from here, so that they all emit
   the same program for the same expression.
   """
@@ -188,6 +193,7 @@ defmodule EXLA.Defn.Lowering do
     [
       max_tensor_bytes: EXLA.Client.max_tensor_bytes(client),
       qr_in_f64: EXLA.Platform.qr_in_f64?(client.platform),
+      native_linalg: EXLA.Platform.native_linalg?(client.platform),
       client: client
     ]
   end
@@ -207,6 +213,7 @@ defmodule EXLA.Defn.Lowering do
         lazy_inputs: false,
         max_tensor_bytes: EXLA.Platform.Discovery.address_space_bytes(),
         qr_in_f64: false,
+        native_linalg: false,
         client: nil,
         donate: [],
         arg_attrs: [],
@@ -234,6 +241,7 @@ defmodule EXLA.Defn.Lowering do
       lazy: nil,
       max_tensor_bytes: opts[:max_tensor_bytes],
       qr_in_f64: opts[:qr_in_f64],
+      native_linalg: opts[:native_linalg],
       client: opts[:client],
       run_checks?: opts[:run_checks],
       # the run id in scope (see lower_checked_while/4), and the checks emitted

@@ -48,6 +48,9 @@ defmodule EXLA.MLIR.Builder do
 
     * `:attrs` - a list of `{name, text}` attributes, already rendered
     * `:regions` - a list of region texts from `end_region/3`
+    * `:work` - for an op that would count as unbounded (a custom call)
+      but is known to end: about how many element operations it costs,
+      recorded in the facts instead (`EXLA.MLIR.Facts.record_bounded_op/4`)
   """
   @spec op(t, String.t(), [Value.t()], [Type.t()], keyword) :: {[Value.t()], t}
   def op(%__MODULE__{} = b, name, operands, result_types, opts \\ []) do
@@ -68,7 +71,14 @@ defmodule EXLA.MLIR.Builder do
       results_type(result_types)
     ]
 
-    facts = Facts.record_op(b.facts, name, Enum.map(operands, & &1.type), result_types)
+    operand_types = Enum.map(operands, & &1.type)
+
+    facts =
+      case Keyword.fetch(opts, :work) do
+        {:ok, work} -> Facts.record_bounded_op(b.facts, operand_types, result_types, work)
+        :error -> Facts.record_op(b.facts, name, operand_types, result_types)
+      end
+
     {results, emit(%{b | facts: facts}, text)}
   end
 

@@ -425,8 +425,13 @@ defmodule EXLA.MLIR.Ops do
   without layouts, XLA may hand a call an operand in another layout (on
   CUDA, a transposed value reached a host callback as the untransposed
   bytes).
+
+  A custom call counts as one that may run for unbounded time
+  (`EXLA.MLIR.Facts`), unless `work:` in `opts` says about how many
+  element operations it costs (a handler known to end, as the NIF's
+  decompositions).
   """
-  def custom_call(b, target, operands, result_types, attrs \\ []) do
+  def custom_call(b, target, operands, result_types, attrs \\ [], opts \\ []) do
     attrs =
       [call_target_name: inspect(target), api_version: "4 : i32"] ++
         attrs ++
@@ -435,7 +440,13 @@ defmodule EXLA.MLIR.Ops do
           result_layouts: row_major(result_types)
         ]
 
-    op(b, "stablehlo.custom_call", operands, result_types, attrs: attrs)
+    op(
+      b,
+      "stablehlo.custom_call",
+      operands,
+      result_types,
+      [attrs: attrs] ++ Keyword.take(opts, [:work])
+    )
   end
 
   # The layouts attribute for `types`: each dimension's minor-to-major

@@ -172,6 +172,7 @@ fn client_create(
         duration_ms = millis(started),
         "created a PJRT client"
     );
+    install_linalg(&plugin.handle, client.platform_name());
     let ledger = Ledger::new(client.devices().len());
     // A plugin without the XLA FFI runs loops without checks.
     let run_checks = crate::cancel::install(&plugin.handle, client.platform_name())
@@ -185,6 +186,25 @@ fn client_create(
         ledger,
         run_checks,
     }))
+}
+
+/// Registers the host's decompositions (`exla_linalg`) with a CPU
+/// client's plugin, which `EXLA.Defn.Lowering.Decompositions` calls. A
+/// plugin that cannot take them is told in a warning: its programs with
+/// decompositions then fail to compile, naming the missing target.
+fn install_linalg(plugin: &pjrt::Plugin, platform_name: &str) {
+    if pjrt::xla_ffi::Platform::from_client_name(platform_name)
+        != Some(pjrt::xla_ffi::Platform::Host)
+    {
+        return;
+    }
+    if let Err(error) = exla_linalg::install(plugin) {
+        tracing::warn!(
+            target: "exla::client",
+            %error,
+            "could not register the native decompositions with the CPU plugin"
+        );
+    }
 }
 
 fn option_override(name: &str, value: OptionValue) -> NifResult<pjrt::OptionOverride> {

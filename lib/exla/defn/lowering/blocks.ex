@@ -6,9 +6,14 @@ defmodule EXLA.Defn.Lowering.Blocks do
   # lines name the same operations differently; both reach the same native
   # lowerings here:
   #
-  #   * QR - a Householder QR (`EXLA.Defn.Lowering.QR`), instead of Nx's
-  #     default expression, which reconstructs Q . R less accurately;
-  #   * LU - `EXLA.Defn.Lowering.LU` (Nx 0.7 has no default for it);
+  #   * QR, eigh, SVD, Cholesky, LU, solve and determinant (from 4x4) - on
+  #     the host, custom calls to the NIF's native kernels
+  #     (`EXLA.Defn.Lowering.Decompositions`, where the `:native_linalg`
+  #     assign says so); elsewhere QR is a Householder QR
+  #     (`EXLA.Defn.Lowering.QR`), instead of Nx's default expression, which
+  #     reconstructs Q . R less accurately, LU is `EXLA.Defn.Lowering.LU`
+  #     (Nx 0.7 has no default for it), and the others are Nx's default
+  #     implementations;
   #   * take and take_along_axis - one gather each, as the `:take` and
   #     `:take_along_axis` nodes of Nx 0.7 (`EXLA.Defn.Lowering.Structure`);
   #   * top_k - `chlo.top_k`;
@@ -19,8 +24,8 @@ defmodule EXLA.Defn.Lowering.Blocks do
   # call when an implementation for the struct gives one, and otherwise
   # (`:skip`, the case of every struct without an implementation) Nx's
   # default implementation, lowered in its own scope on the block's inputs.
-  # Three of Nx's structs stay on their default because it does as well as
-  # a native lowering would:
+  # These of Nx's structs stay on their default because it does as well as
+  # a native lowering would (or there is none):
   #
   #   * cumulative sum, product, min and max - Nx's associative scan. One
   #     `stablehlo.reduce_window` (window spanning the axis, JAX's lowering
@@ -36,10 +41,12 @@ defmodule EXLA.Defn.Lowering.Blocks do
   #     integer inputs is needed to give the same results: s8 -27 and -90
   #     are not close with `rtol: 0.7, atol: 0` (0.7 * 90 is just below 63
   #     in f64), but would be in f32 (where it rounds to 63.0);
-  #   * eigh - Nx's default (a parallel Jacobi method on Nx 0.12/0.13), as
-  #     on Nx 0.7, where `:eigh` is an `:optional` node whose default is
-  #     lowered too.
+  #   * eigh, SVD, Cholesky, solve and determinant off the host (and the
+  #     determinant of 2x2 and 3x3 matrices, a closed formula) - Nx's
+  #     defaults, as on Nx 0.7, where they are `:optional` nodes whose
+  #     defaults are lowered too.
 
+  alias EXLA.Defn.Lowering.Decompositions
   alias Nx.Defn.Expr
   alias Nx.Tensor, as: T
   import EXLA.Defn.Lowering
@@ -120,6 +127,28 @@ defmodule EXLA.Defn.Lowering.Blocks do
 
     defp lower_skipped(%{__struct__: Nx.Block.LinAlg.LU}, [x | _], default, b),
       do: native_lu(x, default, b)
+
+    defp lower_skipped(%{__struct__: Nx.Block.LinAlg.Eigh}, [x | _], default, b)
+         when b.assigns.native_linalg,
+         do: Decompositions.eigh(x, default, b)
+
+    defp lower_skipped(%{__struct__: Nx.Block.LinAlg.SVD} = s, [x | _], default, b)
+         when b.assigns.native_linalg,
+         do: Decompositions.svd(x, s.full_matrices?, default, b)
+
+    defp lower_skipped(%{__struct__: Nx.Block.LinAlg.Cholesky}, [x | _], default, b)
+         when b.assigns.native_linalg,
+         do: Decompositions.cholesky(x, default, b)
+
+    defp lower_skipped(%{__struct__: Nx.Block.LinAlg.Solve}, [a, x | _], default, b)
+         when b.assigns.native_linalg,
+         do: Decompositions.solve(a, x, default, b)
+
+    defp lower_skipped(%{__struct__: Nx.Block.LinAlg.Determinant}, [x | _] = args, default, b) do
+      if b.assigns.native_linalg and Decompositions.determinant?(x),
+        do: Decompositions.determinant(x, default, b),
+        else: lower_default(args, default, b)
+    end
 
     defp lower_skipped(_struct, in_args, default, b), do: lower_default(in_args, default, b)
 
@@ -203,6 +232,28 @@ defmodule EXLA.Defn.Lowering.Blocks do
       native_qr(tensor, opts[:mode] || :reduced, default, b)
     end
 
+    def lower(:optional, %T{data: %Expr{args: [%{data: %Expr{op: op} = call}, default, _]}}, b)
+        when b.assigns.native_linalg and op in [:eigh, :svd, :cholesky, :solve, :determinant] do
+      case {op, call.args} do
+        {:eigh, [tensor, _opts]} ->
+          Decompositions.eigh(tensor, default, b)
+
+        {:svd, [tensor, opts]} ->
+          Decompositions.svd(tensor, Keyword.get(opts, :full_matrices?, true), default, b)
+
+        {:cholesky, [tensor]} ->
+          Decompositions.cholesky(tensor, default, b)
+
+        {:solve, [a, x]} ->
+          Decompositions.solve(a, x, default, b)
+
+        {:determinant, [tensor]} ->
+          if Decompositions.determinant?(tensor),
+            do: Decompositions.determinant(tensor, default, b),
+            else: lower_default(call.args, default, b)
+      end
+    end
+
     def lower(:optional, %T{data: %Expr{args: [call, default, _callback]}}, b) do
       lower_default(call.data.args, default, b)
     end
@@ -232,6 +283,9 @@ defmodule EXLA.Defn.Lowering.Blocks do
     end)
   end
 
+  defp native_qr(tensor, mode, default, b) when b.assigns.native_linalg,
+    do: Decompositions.qr(tensor, mode, default, b)
+
   defp native_qr(tensor, mode, default, b) do
     {x, b} = lower_value(tensor, b)
     template = Nx.template(dims(tensor), tensor.type)
@@ -239,6 +293,9 @@ defmodule EXLA.Defn.Lowering.Blocks do
     {values, b} = isolated_scope(b, [x], &lower_container(expr, &1))
     converted(values, Tuple.to_list(default), b)
   end
+
+  defp native_lu(tensor, outputs, b) when b.assigns.native_linalg,
+    do: Decompositions.lu(tensor, outputs, b)
 
   defp native_lu(tensor, outputs, b) do
     {x, b} = lower_value(tensor, b)
