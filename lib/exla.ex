@@ -50,11 +50,14 @@ defmodule EXLA do
 
     * `:precision` - the precision of dot products and convolutions on
       floating point operands: `:default`, `:high` or `:highest`. Defaults
-      to `:default`. `:packed_nibble` is accepted too, as in EXLA 0.7, but
+      to `:default`. Any other value raises, as EXLA 0.13 words it,
+      "expected precision configuration to be one of :default, :high, or
+      :highest, got: ...", when the function is compiled (EXLA raises
+      only when it lowers a dot product or a convolution). On Nx 0.7,
+      `:packed_nibble` is accepted too, as in EXLA 0.7, and the message
+      lists it (":default, :high, :highest, or :packed_nibble"), but
       StableHLO has no such precision, so a function with a dot product or
-      a convolution raises when compiled with it. Any other value raises
-      "expected precision configuration to be one of :default, :high,
-      :highest, or :packed_nibble, got: ...". (EXLA 0.7's MLIR compiler
+      a convolution raises when compiled with it. (EXLA 0.7's MLIR compiler
       checked the value but left it out of the program; here it is the
       `precision_config` of every `dot_general` and `convolution`.)
 
@@ -68,14 +71,21 @@ defmodule EXLA do
       executable in the compile cache on disk (`EXLA.CompileCache`) for
       later VMs. When `false`, the function is compiled on every call and
       nothing is kept, in memory or on disk. A path (a string) keeps the
-      function in memory and its executable in that one file, which is
-      read when it holds this very program and replaced otherwise (as
-      EXLA 0.9's `cache: path`); with `debug: true` it logs, as EXLA does,
-      "EXLA disk cache found at PATH" or "EXLA disk cache not found at
-      PATH". EXLA checks that the file holds this very program (see
-      `EXLA.CompileCache`), so, unlike in EXLA, one path given to two
-      functions does not run the wrong program: each call of the other
-      replaces the file.
+      executable in that one file, as EXLA 0.9 and later do: every call
+      (every compilation, for `compile/3`) reads the file first, before
+      the function kept in memory. A file for the same configuration (the
+      client, the arguments' types, shapes and names, `:lazy_transfers`,
+      the hooks' names and the other options) is used, and with
+      `debug: true` "EXLA disk cache found at PATH" is logged; without a
+      file, "EXLA disk cache not found at PATH" is logged with
+      `debug: true` and the file is written. A file for another
+      configuration logs EXLA's warning "EXLA disk cache does not match
+      configuration." with the entries that differ, and is replaced. Unlike
+      EXLA, a file whose configuration matches but which holds another
+      program (another function given the same path, a function changed
+      since, or one compiled by another plugin) is not run: a warning says
+      so, and the file is replaced. `shard_jit/3` keeps its programs in
+      memory only.
 
     * `:debug` - when `true`, logs (at the debug level) the time spent
       evaluating the expression, compiling it (with whether each was a cache
@@ -571,10 +581,13 @@ defmodule EXLA do
   The options of `jit/2` (those that shape the program, such as
   `:precision` and `:client`, change the module), and:
 
-    * `:within_defn_compiler` - `true` when called while a `defn` function
-      is being compiled (from a compiler's callback, or a function that
-      `defn` traces): the function is lowered although another compilation
-      is under way, where Nx would otherwise raise. Defaults to `false`.
+    * `:within_defn_compiler` - `true` when called from another `defn`
+      compiler's callback (such as its `__compile__/4`), with the function
+      and the vars that callback was given: `function` is then called with
+      the list `args` and returns the expression, as a compiler calls it,
+      and EXLA lowers it although a compilation is under way. Defaults to
+      `false`, where `function` takes `args` as its arguments, as in
+      `jit/2`.
   #{@mlir_mesh_doc}
   ## Examples
 
@@ -598,11 +611,38 @@ defmodule EXLA do
             "expected :within_defn_compiler to be a boolean, got: #{inspect(nested?)}"
     end
 
-    options = if nested?, do: [on_conflict: :force] ++ options, else: options
     {mesh, options} = Keyword.pop(options, :mesh)
-    run = mlir_module_run(function, args, mesh, options)
+    mesh = mlir_mesh!(mesh)
+
+    run =
+      if nested?,
+        do: compiler_run(function, args, mesh, options),
+        else: mlir_module_run(function, args, mesh, options)
+
     result = EXLA.Defn.__with_mode__(:to_mlir, run)
     %{result | used_inputs: MapSet.new(result.used_inputs)}
+  end
+
+  defp mlir_mesh!(nil), do: nil
+
+  if EXLA.NxVersion.meshes?() do
+    defp mlir_mesh!(%Nx.Mesh{} = mesh), do: mesh
+  end
+
+  defp mlir_mesh!(mesh),
+    do: raise(ArgumentError, "expected :mesh to be an %Nx.Mesh{}, got: #{inspect(mesh)}")
+
+  # From another compiler's callback, Nx is not asked to compile (it would
+  # refuse a compilation inside another): EXLA's own callback is called with
+  # the compiler's function and vars, as Nx would call it.
+  defp compiler_run(fun, vars, nil, options),
+    do: fn -> EXLA.Defn.__jit__(fun, vars, fun, [vars], options) end
+
+  # With a mesh, vars are the first partition's parts (as for shard_jit/3),
+  # and so every partition's as far as a module only lowered is concerned.
+  defp compiler_run(fun, vars, mesh, options) do
+    args_list = List.duplicate(vars, Tuple.product(mesh.shape))
+    fn -> EXLA.Defn.Sharded.shard_jit(fun, mesh, vars, fun, args_list, options) end
   end
 
   defp mlir_module_run(function, args, nil, options) do
@@ -615,14 +655,8 @@ defmodule EXLA do
     fn -> jit_apply(function, args, options) end
   end
 
-  if EXLA.NxVersion.meshes?() do
-    defp mlir_module_run(function, args, %Nx.Mesh{} = mesh, options),
-      do: fn -> shard_jit(function, mesh, options).(args) end
-  end
-
-  defp mlir_module_run(_function, _args, mesh, _options) do
-    raise ArgumentError, "expected :mesh to be an %Nx.Mesh{}, got: #{inspect(mesh)}"
-  end
+  defp mlir_module_run(function, args, mesh, options),
+    do: fn -> shard_jit(function, mesh, options).(args) end
 
   @impl Nx.Defn.Compiler
   defdelegate __jit__(key, vars, fun, args_list, opts), to: EXLA.Defn

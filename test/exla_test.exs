@@ -150,27 +150,76 @@ defmodule EXLATest do
              ) == 1
     end
 
-    test "within_defn_compiler: true lowers while another compilation is under way" do
-      parent = self()
+    # A defn compiler of another library that asks EXLA for the module of
+    # what it compiles, with or without the flag, and hands the answer back.
+    defmodule LoweringCompiler do
+      def __jit__(key, vars, fun, args_list, opts),
+        do: __compile__(key, vars, fun, opts).(args_list)
 
-      inner = fn x -> Nx.exp(x) end
-
-      outer = fn x ->
-        send(parent, {:module, EXLA.to_mlir_module(inner, [x], within_defn_compiler: true)})
-        Nx.negate(x)
+      def __compile__(_key, vars, fun, opts) do
+        {flag, opts} = Keyword.pop!(opts, :flag)
+        opts = if flag == nil, do: opts, else: [within_defn_compiler: flag] ++ opts
+        throw({__MODULE__, EXLA.to_mlir_module(fun, vars, opts)})
       end
+    end
 
-      assert Nx.to_number(EXLA.jit(outer).(Nx.tensor(1.0))) == -1.0
-      assert_received {:module, %{mlir_module: mlir, output_container: out}}
-      assert mlir =~ "stablehlo.exponential"
-      assert %Nx.Tensor{shape: {}, type: {:f, 32}} = out
+    defp lower_within(fun, args, opts) do
+      Nx.Defn.jit_apply(fun, args, [compiler: LoweringCompiler] ++ opts)
+    catch
+      {LoweringCompiler, result} -> result
+    end
 
-      assert_raise RuntimeError, ~r/when there is a JIT compilation happening/, fn ->
-        EXLA.jit(fn x -> EXLA.to_mlir_module(inner, [x]) && x end).(Nx.tensor(2.0))
+    test "within_defn_compiler: true, from a compiler's callback, lowers its function of the vars" do
+      x = Nx.tensor([1.0, 2.0])
+      y = Nx.tensor(3, type: :s32)
+      fun = fn x, y -> {Nx.exp(x), Nx.add(y, 1)} end
+
+      assert %{mlir_module: mlir, used_inputs: used, output_container: out} =
+               lower_within(fun, [x, y], flag: true, precision: :highest)
+
+      assert mlir =~ "stablehlo.exponential" and mlir =~ "stablehlo.add"
+      assert used == MapSet.new([0, 1])
+      assert {%Nx.Tensor{shape: {2}, type: {:f, 32}}, %Nx.Tensor{shape: {}, type: {:s, 32}}} = out
+      # the module jit would compile, and nothing compiled or cached
+      assert mlir == EXLA.to_mlir_module(fun, [x, y]).mlir_module
+      refute EXLA.cached?(fun, [x, y])
+
+      # unused inputs are left out, as in jit
+      assert lower_within(fn _x, y -> Nx.negate(y) end, [x, y], flag: true).used_inputs ==
+               MapSet.new([1])
+    end
+
+    if EXLA.NxVersion.meshes?() do
+      test "within_defn_compiler: true with a mesh gives the module shard_jit/3 lowers" do
+        # 8 partitions, more than the host's devices: nothing runs
+        opts = [
+          mesh: %Nx.Mesh{name: "mesh", shape: {2, 4}},
+          input_shardings: [%{0 => [0], 1 => [1]}, %{0 => [0]}]
+        ]
+
+        vars = [Nx.template({4, 1}, :s32), Nx.template({4, 1}, :f32)]
+        result = lower_within(&Nx.add/2, vars, [flag: true] ++ opts)
+        assert result == EXLA.to_mlir_module(&Nx.add/2, List.duplicate(vars, 8), opts)
+        assert result.mlir_module =~ "sdy.sharding"
+      end
+    end
+
+    test "without the flag a compiler's function is called with the vars as arguments" do
+      # as in EXLA: the function takes the list of vars, not each of them
+      assert_raise BadArityError, fn ->
+        lower_within(&Nx.add/2, [Nx.tensor(1), Nx.tensor(2)], flag: nil)
       end
 
       assert_raise ArgumentError, ~r/expected :within_defn_compiler to be a boolean/, fn ->
-        EXLA.to_mlir_module(inner, [Nx.tensor(1.0)], within_defn_compiler: :yes)
+        lower_within(&Nx.add/2, [Nx.tensor(1), Nx.tensor(2)], flag: :yes)
+      end
+    end
+
+    test "inside a traced function, a plain call raises as Nx does" do
+      inner = fn x -> Nx.exp(x) end
+
+      assert_raise RuntimeError, ~r/when there is a JIT compilation happening/, fn ->
+        EXLA.jit(fn x -> EXLA.to_mlir_module(inner, [x]) && x end).(Nx.tensor(2.0))
       end
     end
   end

@@ -39,10 +39,20 @@ defmodule EXLA.Backend do
   the bound the least recently used one is dropped (and compiled again if
   it is needed again). The programs of `EXLA.jit/2` are not bounded.
 
+  ## Tensors on several devices
+
   When the arguments of an operation live on different clients or devices,
-  it runs where its first argument on this backend lives, and the other
-  arguments are copied there. Tensors of other backends are sent to that
-  device.
+  it runs where EXLA runs it: on the device of the last argument that is
+  not on the default device of a client with `:automatic_transfers` (see
+  `EXLA.Client`), else on that of the last argument on such a default
+  device, so that a GPU tensor's device wins over a host tensor's. The
+  other arguments are copied there if their client has
+  `:automatic_transfers` (the default of `:host` clients); otherwise the
+  operation raises `ArgumentError`, as a jitted function does (move the
+  tensor with `Nx.backend_transfer/2`). On Nx 0.12 and later,
+  `Nx.concatenate/2` and `Nx.stack/2` are the exception: they copy their
+  tensors there whatever their clients say, as EXLA 0.12 and later do.
+  Tensors of other backends are sent to that device.
 
   `Nx.backend_deallocate/1` frees the device memory at once; using the
   tensor afterwards raises an error.
@@ -326,7 +336,11 @@ defmodule EXLA.Backend do
 
   # Every callback that is an op EXLA lowers (EXLA.Defn.OpTable) runs as
   # that op compiled; these are the ones written by hand below.
-  @by_hand [:eye, :iota, :optional, :block]
+  # EXLA 0.12 and later (Nx 0.12 and later, where stack/3 came) gather the
+  # tensors of concatenate and stack (see gather/2); EXLA 0.7.2 runs
+  # concatenate as every other op.
+  @gathering if EXLA.NxVersion.stack?(), do: [:concatenate, :stack], else: []
+  @by_hand [:eye, :iota, :optional, :block] ++ @gathering
 
   for {op, arity} <- EXLA.Defn.OpTable.backend_ops(), op not in @by_hand do
     args = Macro.generate_arguments(arity, __MODULE__)
@@ -334,6 +348,16 @@ defmodule EXLA.Backend do
     @impl true
     def unquote(op)(out, unquote_splicing(args)) do
       jit(unquote(op), out, unquote(args), nil)
+    end
+  end
+
+  # Concatenate and stack take their tensors wherever they are (see
+  # gather/2).
+  for {op, 2} <- EXLA.Defn.OpTable.backend_ops(), op in @gathering do
+    @impl true
+    def unquote(op)(out, tensors, axis) do
+      place = place(tensors) || default_place()
+      jit(unquote(op), out, [gather(tensors, place), axis], place)
     end
   end
 
@@ -458,10 +482,10 @@ defmodule EXLA.Backend do
   # op) as one cached program; `expr` builds its expression from the
   # arguments with parameters in place of the tensors.
   defp run_whole(kind, name, args, expr) do
-    {skeleton, {tensors, place}} = scan(args, {[], nil}, true)
-    {client_name, device_id} = place || default_place()
-    key = {__MODULE__, kind, name, skeleton, client_name, device_id}
+    {skeleton, tensors} = scan(args, [], true)
     tensors = Enum.reverse(tensors)
+    {client_name, device_id} = place(tensors) || default_place()
+    key = {__MODULE__, kind, name, skeleton, client_name, device_id}
 
     compiled =
       LockedCache.get(key, :bounded) ||
@@ -480,10 +504,10 @@ defmodule EXLA.Backend do
   # The key replaces every tensor in `args` by its type and shape, so it
   # holds the static arguments (axes, options, functions) as they are.
   defp jit(op, out, args, place) do
-    {skeleton, {tensors, found}} = scan(args, {[], nil}, false)
-    {client_name, device_id} = place || found || default_place()
-    key = {__MODULE__, op, out_key(out), skeleton, client_name, device_id}
+    {skeleton, tensors} = scan(args, [], false)
     tensors = Enum.reverse(tensors)
+    {client_name, device_id} = place || place(tensors) || default_place()
+    key = {__MODULE__, op, out_key(out), skeleton, client_name, device_id}
 
     compiled =
       case LockedCache.get(key, :bounded) do
@@ -514,11 +538,10 @@ defmodule EXLA.Backend do
   end
 
   # Replaces tensors by {:"$t", type, shape} (plus names when asked),
-  # collecting them (reversed) and where the first device tensor lives.
-  defp scan(%T{type: type, shape: shape, data: data} = tensor, {tensors, place}, names?) do
+  # collecting them (reversed).
+  defp scan(%T{type: type, shape: shape} = tensor, tensors, names?) do
     marker = if names?, do: {:"$t", type, shape, tensor.names}, else: {:"$t", type, shape}
-
-    {marker, {[tensor | tensors], place || place_of(data)}}
+    {marker, [tensor | tensors]}
   end
 
   defp scan([head | tail], acc, names?) do
@@ -534,12 +557,64 @@ defmodule EXLA.Backend do
 
   defp scan(other, acc, _names?), do: {other, acc}
 
+  # Where an operation on `tensors` runs, as EXLA chooses, or nil when no
+  # tensor is on a device of this node: the last tensor on a device that
+  # is not the default one of a client with :automatic_transfers, else the
+  # last one on such a default device (a host tensor gives way to a GPU's,
+  # but runs where it is when it is alone). The other tensors are copied
+  # there (EXLA.Defn.Call.to_buffer/4 raises for a client without
+  # :automatic_transfers). Tensors all in one place run there.
+  defp place(tensors) do
+    case for(%T{data: data} <- tensors, place = place_of(data), do: place) do
+      [] ->
+        nil
+
+      [first | rest] = places ->
+        if Enum.all?(rest, &(&1 == first)), do: first, else: chosen_place(places)
+    end
+  end
+
+  defp chosen_place(places) do
+    {priority, fallback} =
+      Enum.reduce(places, {nil, nil}, fn
+        place, {place, fallback} ->
+          {place, fallback}
+
+        {name, id} = place, {priority, fallback} ->
+          case EXLA.Client.fetch!(name) do
+            %{automatic_transfers: true, default_device_id: ^id} -> {priority, place}
+            _ -> {place, fallback}
+          end
+      end)
+
+    priority || fallback
+  end
+
   # Another node's tensor is no place to run: it is copied to this node.
   defp place_of(%B{buffer: %{ref: ref, client_name: name, device_id: id}})
        when node(ref) == node(),
        do: {name, id}
 
   defp place_of(_), do: nil
+
+  if @gathering != [] do
+    # EXLA 0.12 and later gather the tensors of concatenate and stack
+    # through the host, whatever their clients' :automatic_transfers: here
+    # they are copied, device to device, to where the operation runs.
+    defp gather(tensors, {client_name, device_id}) do
+      Enum.map(tensors, fn
+        %T{data: %B{buffer: %{client_name: ^client_name, device_id: ^device_id}}} = t ->
+          t
+
+        %T{data: %B{buffer: %{ref: ref} = buffer}} = t when node(ref) == node() ->
+          client = EXLA.Client.fetch!(client_name)
+          %{t | data: %B{buffer: EXLA.DeviceBuffer.copy_to_device(buffer, client, device_id)}}
+
+        t ->
+          t
+      end)
+    end
+  end
 
   defp fill({:"$t", _, _}, [param | params]), do: {param, params}
   defp fill({:"$t", _, _, _}, [param | params]), do: {param, params}

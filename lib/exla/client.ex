@@ -50,6 +50,20 @@ defmodule EXLA.Client do
       they name none, a number from 0 (the default) to the client's device
       count minus one; on a machine with two GPUs, 1 picks the second.
 
+    * `:automatic_transfers` - whether a tensor of this client is copied,
+      when needed, to a device it is not on: to another device or client
+      that a jitted function runs on, and, for `EXLA.Backend`'s
+      operations, to where the operation runs (see "Tensors on several
+      devices" in `EXLA.Backend`). Without them, such a use raises
+      `ArgumentError` ("EXLA computation (defn) is allocated on client
+      ... but one of the input tensors are allocated on ..."), and the
+      tensor must be moved with `Nx.backend_transfer/2` or
+      `Nx.backend_copy/2`. Defaults to `true` for `:host` clients and
+      `false` for the others, as in EXLA: a tensor in host memory is
+      cheap to copy anywhere, a GPU's is not. On Nx 0.12 and later,
+      `Nx.concatenate/2` and `Nx.stack/2` gather their tensors whatever
+      this option says, as EXLA 0.12 and later do.
+
     * `:preallocate` - whether a GPU client reserves its share of each
       device's memory (see `:memory_fraction`) up front instead of
       allocating as it goes. Defaults to `true`.
@@ -209,7 +223,8 @@ defmodule EXLA.Client do
     :platform_version,
     :plugin_path,
     :device_type,
-    xla_options: []
+    xla_options: [],
+    automatic_transfers: true
   ]
 
   @typedoc """
@@ -218,6 +233,7 @@ defmodule EXLA.Client do
   `:plugin_path` is the plugin library in use and `:xla_options` the XLA
   options every compilation on it uses (typed, sorted by name).
   `:device_type` is the `:device_type` of a `:pjrt_plugin` client, else nil.
+  `:automatic_transfers` is the option of that name (with its default).
   """
   @type t :: %__MODULE__{
           ref: reference(),
@@ -229,7 +245,8 @@ defmodule EXLA.Client do
           platform_version: String.t() | nil,
           plugin_path: Path.t() | nil,
           device_type: String.t() | nil,
-          xla_options: [{String.t(), {atom(), term()}}]
+          xla_options: [{String.t(), {atom(), term()}}],
+          automatic_transfers: boolean()
         }
 
   @doc """
@@ -288,11 +305,43 @@ defmodule EXLA.Client do
   The client is created on the first call (for the `:host` platform, this
   may first install the CPU plugin, see `EXLA.Plugin`) and the same client
   is returned afterwards. Raises `ArgumentError` if no client has this name.
+
+  As in EXLA, where clients are created by a server process, a client that
+  cannot be created (invalid options, a plugin that is missing or fails,
+  no devices) exits the caller: the exit reason is
+  `{{exception, stacktrace}, {GenServer, :call, [EXLA.Client, {:client, name, options}, :infinity]}}`
+  (`options` as configured), as EXLA's call to its server that raised
+  `exception` gives, so code written for EXLA that catches the exit
+  catches it here too. Nothing is kept: the next call tries again. (Without EXLA's application started, there is no
+  such server and the exception is raised.)
+
+      # on a machine without CUDA
+      try do
+        EXLA.Client.fetch!(:cuda)
+      catch
+        :exit, {{%RuntimeError{} = error, _stacktrace}, {GenServer, :call, _}} ->
+          Exception.message(error)
+      end
+      #=> "no PJRT plugin for :cuda was found ..."
+
   """
   @spec fetch!(atom()) :: t()
   def fetch!(name) when is_atom(name) do
-    EXLA.Memo.peek({__MODULE__, :client, name}) ||
-      serialize(fn -> fetch_serialized(name) end)
+    EXLA.Memo.peek({__MODULE__, :client, name}) || create(name)
+  end
+
+  # EXLA's words for a name not configured, raised in the caller. The
+  # request named in an exit is EXLA's call, `{:client, name, options}`.
+  defp create(name) do
+    clients = Application.fetch_env!(:exla, :clients)
+
+    options =
+      client_config(clients, name) ||
+        raise ArgumentError,
+              "could not find EXLA client named #{inspect(name)}, the clients specified " <>
+                "in your config files are: #{inspect(Keyword.keys(clients))}"
+
+    serialize(fn -> fetch_serialized(name) end, {:client, name, options})
   end
 
   @doc """
@@ -322,7 +371,7 @@ defmodule EXLA.Client do
   """
   @spec get_supported_platforms() :: %{optional(atom()) => pos_integer()}
   def get_supported_platforms do
-    Discovery.peek() || serialize(&Discovery.supported/0)
+    Discovery.peek() || serialize(&Discovery.supported/0, :supported_platforms)
   end
 
   @doc """
@@ -407,19 +456,41 @@ defmodule EXLA.Client do
     {:reply, run(fun), state}
   end
 
-  defp serialize(fun) do
-    result =
-      case Process.whereis(__MODULE__) do
-        nil -> :global.trans({__MODULE__, self()}, fn -> run(fun) end, [node()])
-        pid when pid == self() -> run(fun)
-        pid -> GenServer.call(pid, {:serialize, fun}, :infinity)
-      end
+  # Runs `fun` in this server, one at a time. What `fun` raises exits the
+  # caller as EXLA's client server, which crashes on it, makes its callers
+  # exit (`request` stands for the call in the reason); the server itself
+  # carries on. Called from the server, or with no server, it is raised.
+  defp serialize(fun, request) do
+    case Process.whereis(__MODULE__) do
+      nil ->
+        :global.trans({__MODULE__, self()}, fn -> run(fun) end, [node()]) |> value()
 
-    case result do
-      {:ok, value} -> value
-      {:raise, kind, reason, stacktrace} -> :erlang.raise(kind, reason, stacktrace)
+      pid when pid == self() ->
+        fun |> run() |> value()
+
+      pid ->
+        case GenServer.call(pid, {:serialize, fun}, :infinity) do
+          {:raise, kind, reason, stacktrace} ->
+            exit(
+              {exit_reason(kind, reason, stacktrace),
+               {GenServer, :call, [__MODULE__, request, :infinity]}}
+            )
+
+          result ->
+            value(result)
+        end
     end
   end
+
+  defp value({:ok, value}), do: value
+  defp value({:raise, kind, reason, stacktrace}), do: :erlang.raise(kind, reason, stacktrace)
+
+  # The reason a GenServer stops with when its callback fails so.
+  defp exit_reason(:error, reason, stacktrace),
+    do: {Exception.normalize(:error, reason, stacktrace), stacktrace}
+
+  defp exit_reason(:exit, reason, _stacktrace), do: reason
+  defp exit_reason(:throw, value, stacktrace), do: {{:nocatch, value}, stacktrace}
 
   # Runs `fun`, bringing back what it raised so the caller raises it.
   defp run(fun) do

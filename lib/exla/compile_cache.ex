@@ -74,11 +74,12 @@ defmodule EXLA.CompileCache do
   The `:cache` option of `EXLA.jit/2` and friends chooses per call:
   `true` (the default) uses the directory above, `false` compiles afresh
   (and keeps nothing, in memory or on disk), and a path (a string) keeps
-  the program in that one file, as EXLA 0.9 does: the file is read when it
-  holds this very program and written (replaced) otherwise, whatever the
-  compile time and outside the directory's size cap. A file holds one
-  program, so a function called with several argument shapes should use
-  the directory instead.
+  the program in that one file, as EXLA 0.9 and later do (see `:cache` in
+  `EXLA`): the file is read at every call, used when it holds this very
+  program and written (replaced) otherwise, whatever the compile time and
+  outside the directory's size cap. A file holds one program, so a
+  function called with several argument shapes should use the directory
+  instead.
 
   ## In memory
 
@@ -152,6 +153,13 @@ defmodule EXLA.CompileCache do
   # are made from: a file with this key has them. A loaded executable keeps
   # the facts it was sealed with and is placed by this VM's policy (see
   # EXLA.Placement).
+  #
+  # `cache` is `true`, `false`, a file path (`EXLA.stream/3`'s `cache:
+  # path`) or `{path, configuration}` (jit's, see EXLA.Defn.CacheFile,
+  # which reads the file first and says what it finds): a file is loaded
+  # when it holds this very program, and written otherwise, with the
+  # configuration; only a file without a reader of its own is warned about
+  # here, as the directory's files are.
   def compile(client, %EXLA.MLIR.Program{} = program, opts, cache) do
     case location(cache) do
       nil ->
@@ -161,7 +169,9 @@ defmodule EXLA.CompileCache do
         key = key(client, program, opts)
         path = entry_path(location, key)
 
-        case EXLA.CompileTimer.measure(:cache_load_time, fn -> read(client, path, key) end) do
+        case EXLA.CompileTimer.measure(:cache_load_time, fn ->
+               read(location, client, path, key)
+             end) do
           {:ok, executable} ->
             if match?({:dir, _}, location), do: File.touch(path)
             {executable, :hit}
@@ -169,7 +179,7 @@ defmodule EXLA.CompileCache do
           {:miss, write_always?} ->
             {time, executable} = :timer.tc(fn -> xla_compile(client, program, opts) end)
 
-            if write_always? or match?({:file, _}, location) or
+            if write_always? or match?({:file, _, _}, location) or
                  time >= Config.min_compile_time() * 1000,
                do:
                  EXLA.CompileTimer.measure(:cache_write_time, fn ->
@@ -189,14 +199,16 @@ defmodule EXLA.CompileCache do
 
   defp location(false), do: nil
   defp location(true), do: if(dir = dir(), do: {:dir, dir})
-  defp location(path) when is_binary(path), do: {:file, path}
+  defp location(path) when is_binary(path), do: {:file, path, nil}
+  defp location({path, configuration}) when is_binary(path), do: {:file, path, configuration}
 
   defp entry_path({:dir, dir}, key), do: Path.join(dir, key <> @suffix)
-  defp entry_path({:file, path}, _key), do: path
+  defp entry_path({:file, path, _configuration}, _key), do: path
 
+  @doc false
   # The key of `program` compiled for `client` with `opts` (see "The
   # key"), as lowercase hex.
-  defp key(client, %EXLA.MLIR.Program{text: mlir}, opts) do
+  def key(client, %EXLA.MLIR.Program{text: mlir}, opts) do
     device_id = opts[:device_id] || client.default_device_id
 
     material = {
@@ -219,8 +231,19 @@ defmodule EXLA.CompileCache do
   end
 
   # {:ok, executable}, or {:miss, write_always?}: a file that was there but
-  # could not be used is replaced whatever the compile time.
-  defp read(client, path, key) do
+  # could not be used is replaced whatever the compile time. The file of
+  # jit's `cache: path` is replaced in any case, and its reader
+  # (EXLA.Defn.CacheFile) has reported it.
+  defp read({:file, _path, configuration}, client, path, key) when configuration != nil do
+    with {:ok, binary} <- File.read(path),
+         {:ok, executable, _metadata} <- Executable.load_binary(client, binary, %{cache_key: key}) do
+      {:ok, executable}
+    else
+      _ -> {:miss, true}
+    end
+  end
+
+  defp read(_dir_or_file, client, path, key) do
     case File.read(path) do
       {:ok, binary} ->
         case Executable.load_binary(client, binary, %{cache_key: key}) do
@@ -246,33 +269,40 @@ defmodule EXLA.CompileCache do
     {:miss, true}
   end
 
-  defp write(location, path, executable, key) do
-    case seal(executable, key, path) do
-      nil ->
-        :ok
+  defp write({:dir, dir}, path, executable, key) do
+    with binary when is_binary(binary) <- seal(executable, %{cache_key: key}, path) do
+      max_size = Config.max_size()
 
-      binary ->
-        case location do
-          {:dir, dir} ->
-            max_size = Config.max_size()
+      if byte_size(binary) <= max_size do
+        write_atomically(path, binary)
 
-            if byte_size(binary) <= max_size do
-              write_atomically(path, binary)
-
-              if Usage.written?(dir, byte_size(binary), max_size),
-                do: Usage.scanned(dir, trim(dir, max_size, path))
-            end
-
-          {:file, _} ->
-            write_atomically(path, binary)
-        end
+        if Usage.written?(dir, byte_size(binary), max_size),
+          do: Usage.scanned(dir, trim(dir, max_size, path))
+      end
     end
+
+    :ok
+  end
+
+  defp write({:file, path, configuration}, path, executable, key),
+    do: write_file(path, executable, key, configuration)
+
+  @doc false
+  # Writes the file of `cache: path`: `executable` with its key and the
+  # configuration it was compiled for (see EXLA.Defn.CacheFile).
+  def write_file(path, executable, key, configuration) do
+    metadata = %{cache_key: key, configuration: configuration}
+
+    with binary when is_binary(binary) <- seal(executable, metadata, path),
+         do: write_atomically(path, binary)
+
+    :ok
   end
 
   # The sealed executable, or nil when the plugin cannot serialize it (the
   # program runs all the same).
-  defp seal(executable, key, path) do
-    Serialized.seal(executable, %{cache_key: key})
+  defp seal(executable, metadata, path) do
+    Serialized.seal(executable, metadata)
   rescue
     e in [ArgumentError, RuntimeError] ->
       warn_once(path, "could not serialize a program for #{path}: #{Exception.message(e)}")

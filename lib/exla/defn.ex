@@ -36,14 +36,15 @@ defmodule EXLA.Defn do
       nil ->
         cache_key = jit_cache_key(key, vars, opts)
 
+        # A program of `cache: path` reads its file first (EXLA.Defn.CacheFile).
         case LockedCache.get(cache_key) do
-          %Compiled{debug?: false} = compiled ->
+          %Compiled{debug?: false, cache_file: nil} = compiled ->
             Call.run_list(compiled, args_list)
 
-          %Compiled{} = compiled ->
+          %Compiled{cache_file: nil} = compiled ->
             Call.debug_hit(compiled, args_list)
 
-          nil ->
+          _nil_or_file ->
             Call.run_compiled(Compilation.compile(key, cache_key, vars, fun, opts), args_list)
         end
 

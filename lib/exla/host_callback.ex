@@ -210,7 +210,7 @@ defmodule EXLA.HostCallback do
 
     unless compatible? do
       raise ArgumentError,
-            "Nx.runtime_call/4 expected its function to return a result matching " <>
+            "expected the runtime_call function to match the given output template " <>
               "#{inspect(out)}, got: #{inspect(result)}"
     end
 

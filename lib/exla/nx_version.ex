@@ -85,6 +85,14 @@ defmodule EXLA.NxVersion do
   def default_integer, do: @fact_default_integer
 
   @doc """
+  The values of the compiler's `:precision` option: EXLA 0.7.2 takes
+  `:packed_nibble` too, EXLA 0.13.1 does not.
+  """
+  @fact_precisions [:default, :high, :highest] ++
+                     if(@line == :v0_7, do: [:packed_nibble], else: [])
+  def precisions, do: @fact_precisions
+
+  @doc """
   Every fact of this module (its functions of no argument whose names end
   in `?`) and its value: `%{blocks?: true, ...}`. The tests are tagged with
   these names (`@tag nx: :streams?`) and leave out those whose fact is

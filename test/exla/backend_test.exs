@@ -172,18 +172,24 @@ defmodule EXLA.BackendTest do
       assert Nx.to_flat_list(t) == [1.0, 2.0]
     end
 
-    test "operations run where the first device tensor lives" do
+    # As EXLA: a tensor on a host client's default device gives way (see
+    # "Tensors on several devices" in EXLA.Backend).
+    test "operations run on the last tensor off a host client's default device" do
       a = Nx.tensor([1, 2], backend: multi(1))
       b = Nx.tensor([10, 20], backend: multi(0))
-      c = Nx.tensor([100, 200], backend: EXLA.Backend)
+      c = Nx.tensor([100, 200], backend: {EXLA.Backend, client: :host})
 
       ab = Nx.add(a, b)
       assert %{client_name: :backend_test_multi, device_id: 1} = ab.data.buffer
       assert Nx.to_flat_list(ab) == [11, 22]
 
       ca = Nx.add(c, a)
-      assert ca.data.buffer.client_name == client().name
+      assert %{client_name: :backend_test_multi, device_id: 1} = ca.data.buffer
       assert Nx.to_flat_list(ca) == [101, 202]
+
+      cb = Nx.add(b, c)
+      assert %{client_name: :host, device_id: 0} = cb.data.buffer
+      assert Nx.to_flat_list(cb) == [110, 220]
 
       # the inputs are untouched
       assert Nx.to_flat_list(b) == [10, 20]

@@ -3,6 +3,7 @@ defmodule EXLA.ClientTest do
   use ExUnit.Case, async: false
 
   import EXLA.TestEnv, only: [with_env: 3]
+  import EXLA.TestClients, only: [creation_error: 1]
 
   alias EXLA.Client
   alias EXLA.Client.Options
@@ -40,10 +41,37 @@ defmodule EXLA.ClientTest do
       assert time < 500_000
     end
 
-    test "raises on unknown clients" do
-      assert_raise ArgumentError, "could not find EXLA client named :unknown", fn ->
-        Client.fetch!(:unknown)
-      end
+    test "raises on unknown clients, with EXLA's words" do
+      names = inspect(Keyword.keys(Application.fetch_env!(:exla, :clients)))
+
+      assert_raise ArgumentError,
+                   "could not find EXLA client named :unknown, the clients specified in " <>
+                     "your config files are: #{names}",
+                   fn -> Client.fetch!(:unknown) end
+    end
+
+    # EXLA creates clients in a server process, which crashes on a failure:
+    # the caller exits with the exception (upstream's tests catch_exit it).
+    # Here the server carries on and the next call tries again.
+    test "a client that cannot be created exits the caller with the exception, as in EXLA" do
+      name = unique_name(:exits)
+      put_clients([{name, [platform: :host, plugin: "/nonexistent/plugin.so"]}])
+      server = Process.whereis(EXLA.Client)
+
+      assert {{%RuntimeError{message: message}, [_ | _]},
+              {GenServer, :call, [EXLA.Client, {:client, ^name, options}, :infinity]}} =
+               catch_exit(Client.fetch!(name))
+
+      assert message =~ "/nonexistent/plugin.so"
+      # EXLA's request: the name and the configured options
+      assert options == [platform: :host, plugin: "/nonexistent/plugin.so"]
+
+      # through the compiler's options too, and nothing is kept
+      assert {{%RuntimeError{}, _}, {GenServer, :call, _}} =
+               catch_exit(EXLA.jit_apply(&Nx.add(&1, 1), [Nx.iota({5})], client: name))
+
+      assert Process.whereis(EXLA.Client) == server
+      assert Client.fetch!(:host).name == :host
     end
 
     test "creates a client only once when fetched concurrently" do
@@ -109,19 +137,18 @@ defmodule EXLA.ClientTest do
         ":default_device_id of EXLA client #{inspect(name)} must be a number between 0 and 0 " <>
           "(it has 1 device(s)), got: 2"
 
-      assert_raise ArgumentError, message, fn -> Client.fetch!(name) end
+      assert %ArgumentError{message: ^message} = creation_error(fn -> Client.fetch!(name) end)
 
       # nothing was kept: the error comes again
-      assert_raise ArgumentError, message, fn -> Client.fetch!(name) end
+      assert %ArgumentError{message: ^message} = creation_error(fn -> Client.fetch!(name) end)
     end
 
     test "validates the options before creating anything" do
       name = unique_name(:invalid)
       put_clients([{name, [platform: :host, bogus: true]}])
 
-      assert_raise ArgumentError, ~r/invalid options for EXLA client #{inspect(name)}/, fn ->
-        Client.fetch!(name)
-      end
+      assert %ArgumentError{message: message} = creation_error(fn -> Client.fetch!(name) end)
+      assert message =~ "invalid options for EXLA client #{inspect(name)}"
     end
 
     test "uses the :plugin option" do
@@ -133,9 +160,8 @@ defmodule EXLA.ClientTest do
       missing = unique_name(:missing_plugin)
       put_clients([{missing, [platform: :host, plugin: "/nonexistent/plugin.so"]}])
 
-      assert_raise RuntimeError, ~r/"\/nonexistent\/plugin.so" given by the :plugin option/, fn ->
-        Client.fetch!(missing)
-      end
+      assert %RuntimeError{message: message} = creation_error(fn -> Client.fetch!(missing) end)
+      assert message =~ ~s("/nonexistent/plugin.so" given by the :plugin option)
     end
 
     # Its failure also logs a warning (EXLA.NativeLog), kept off the console.
@@ -147,7 +173,7 @@ defmodule EXLA.ClientTest do
 
       name = unique_name(:not_plugin)
       put_clients([{name, [platform: :host, plugin: path]}])
-      assert_raise RuntimeError, fn -> Client.fetch!(name) end
+      assert %RuntimeError{} = creation_error(fn -> Client.fetch!(name) end)
       EXLA.NativeLog.flush()
     end
   end
@@ -212,10 +238,12 @@ defmodule EXLA.ClientTest do
         memory_fraction: 0.9,
         plugin: nil,
         device_count: nil,
-        warm_up: true
+        warm_up: true,
+        automatic_transfers: true
       ]
 
       assert Enum.sort(Options.validate!(:a, [])) == Enum.sort(defaults)
+      assert Options.validate!(:a, platform: :cuda)[:automatic_transfers] == false
 
       options = Options.validate!(:a, platform: :cuda, memory_fraction: 1, preallocate: false)
 
@@ -473,18 +501,15 @@ defmodule EXLA.ClientTest do
       assert options[:plugin] == path
     end
 
-    test "a missing plugin file raises naming :plugin_path" do
+    test "a missing plugin file fails naming :plugin_path" do
       name = unique_name(:missing_pjrt_plugin)
 
       put_clients([
         {name, [platform: :pjrt_plugin, device_type: "tt", plugin_path: "/nonexistent/tt.so"]}
       ])
 
-      assert_raise RuntimeError,
-                   ~r/"\/nonexistent\/tt.so" given by the :plugin_path option/,
-                   fn ->
-                     Client.fetch!(name)
-                   end
+      assert %RuntimeError{message: message} = creation_error(fn -> Client.fetch!(name) end)
+      assert message =~ ~s("/nonexistent/tt.so" given by the :plugin_path option)
     end
   end
 
@@ -572,11 +597,8 @@ defmodule EXLA.ClientTest do
       assert Nx.to_flat_list(EXLA.jit(fun, client: good).(x)) == [2.0, 4.0]
 
       for _ <- 1..2 do
-        assert_raise ArgumentError,
-                     ~r/xla_no_such_option is not an XLA option of this plugin/,
-                     fn ->
-                       Client.fetch!(bad)
-                     end
+        assert %ArgumentError{message: message} = creation_error(fn -> Client.fetch!(bad) end)
+        assert message =~ "xla_no_such_option is not an XLA option of this plugin"
       end
 
       # the VM and the other clients carry on

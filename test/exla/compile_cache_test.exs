@@ -247,7 +247,8 @@ defmodule EXLA.CompileCacheTest do
     assert {exe, :hit} = CompileCache.compile(client, program(1.0), [], path)
     assert run(exe) == expected(client, 1.0)
 
-    # Another program in the same file: warned about and replaced.
+    # Another program in the same file (as EXLA.stream/3 gives it, with no
+    # reader of its own): warned about and replaced.
     log =
       capture_log(fn ->
         assert {exe, :miss} = CompileCache.compile(client, program(3.0), [], path)

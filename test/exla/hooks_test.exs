@@ -42,6 +42,41 @@ defmodule EXLA.HooksTest do
     assert received() == []
   end
 
+  defn independent(a, b, c) do
+    a = hook(a, :a)
+    b = hook(b, :b)
+    c = hook(c, :c)
+    a + c + b
+  end
+
+  # Hooks on one token (hook_token/3, deprecated on Nx 0.13), called
+  # through apply/3 so that Nx 0.13 does not warn at compile time.
+  defp on_one_token(a, b, c) do
+    token = apply(Nx.Defn.Kernel, :create_token, [])
+    {token, a} = apply(Nx.Defn.Kernel, :hook_token, [token, a, :a])
+    {token, b} = apply(Nx.Defn.Kernel, :hook_token, [token, b, :b])
+    {token, c} = apply(Nx.Defn.Kernel, :hook_token, [token, c, :c])
+    apply(Nx.Defn.Kernel, :attach_token, [token, Nx.add(Nx.add(a, c), b)])
+  end
+
+  # Nx records no order between hooks that do not use each other's values
+  # (on Nx 0.13 no token either): they run when the result uses their
+  # values, as in Nx.Defn.Evaluator and EXLA 0.7.2 (EXLA 0.13.1 leaves them
+  # to XLA's scheduler, which happens to run this example a, b, c; see the
+  # README's hooks). Hooks on one token run in the token's order.
+  test "independent hooks run as the result uses them; hooks on a token in its order" do
+    hooks = Map.new([:a, :b, :c], &{&1, collect(&1)})
+    args = [Nx.tensor(1), Nx.tensor(2), Nx.tensor(3)]
+
+    for {fun, order} <- [{&independent/3, [:a, :c, :b]}, {&on_one_token/3, [:a, :b, :c]}] do
+      assert Nx.to_number(apply(EXLA.jit(fun, hooks: hooks), args)) == 6
+      assert Enum.map(received(), &elem(&1, 0)) == order
+
+      Nx.Defn.jit_apply(fun, args, compiler: Nx.Defn.Evaluator, hooks: hooks)
+      assert Enum.map(received(), &elem(&1, 0)) == order
+    end
+  end
+
   defn counting(n) do
     {i, _} =
       while {i = 0, n}, i < n do

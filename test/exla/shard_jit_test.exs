@@ -120,7 +120,7 @@ defmodule EXLA.ShardJitTest do
       shard_jit(fun, {2}, [%{2 => 0}]).(x)
     end
 
-    assert_raise ArgumentError, ~r/uses a mesh axis twice/, fn ->
+    assert_raise ArgumentError, "axis 0 was used twice in the same input sharding", fn ->
       shard_jit(fun, {2}, [%{0 => 0, 1 => 0}]).(Nx.iota({4, 4}))
     end
 

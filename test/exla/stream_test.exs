@@ -293,6 +293,36 @@ defmodule EXLA.StreamTest do
     assert Nx.to_number(Nx.Stream.done(stream)) == 4
   end
 
+  # A stream's file has no reader of its own (EXLA.Defn.CacheFile reads
+  # jit's): the compile cache reports it.
+  @tag :tmp_dir
+  test "cache: path with debug: true logs EXLA's lines for the file", %{tmp_dir: dir} do
+    level = Logger.level()
+    Logger.configure(level: :debug)
+    on_exit(fn -> Logger.configure(level: level) end)
+    path = Path.join(dir, "stream.exla")
+
+    # Two cache keys (an option EXLA does not know is part of it) of one
+    # program.
+    run = fn tag ->
+      ExUnit.CaptureLog.capture_log([level: :debug], fn ->
+        stream = EXLA.stream(&sum/2, [0, 0], cache: path, debug: true, tag: tag)
+        Nx.Stream.send(stream, 2)
+        assert Nx.to_number(Nx.Stream.recv(stream)) == 0
+        assert Nx.to_number(Nx.Stream.done(stream)) == 2
+      end)
+    end
+
+    log = run.(:first)
+    assert log =~ "EXLA disk cache not found at #{inspect(path)}"
+    assert File.exists?(path)
+
+    EXLA.CompileCache.Memory.clear()
+    log = run.(:second)
+    assert log =~ "EXLA disk cache found at #{inspect(path)}"
+    refute log =~ "not found"
+  end
+
   test "a stream whose program was compiled before takes its executable, and keeps its own hooks" do
     ref = :telemetry_test.attach_event_handlers(self(), [[:exla, :compilation, :details]])
     on_exit(fn -> :telemetry.detach(ref) end)

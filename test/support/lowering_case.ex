@@ -2,7 +2,8 @@ defmodule EXLA.LoweringCase do
   @moduledoc """
   Helpers for the lowering tests: trace a function to an expression, lower it
   with `EXLA.Defn.Lowering.to_mlir/3`, compile and run it on the host client
-  and compare the results with `Nx.Defn.Evaluator` on `Nx.BinaryBackend`.
+  (or through `EXLA.jit` and `EXLA.Backend`, `assert_jit_and_eager/3`) and
+  compare the results with `Nx.Defn.Evaluator` on `Nx.BinaryBackend`.
   """
 
   use ExUnit.CaseTemplate
@@ -74,6 +75,51 @@ defmodule EXLA.LoweringCase do
     end)
 
     actual
+  end
+
+  @doc """
+  Runs `fun` on `args` with `EXLA.jit` and eagerly (`Nx.Defn.Evaluator`
+  over `EXLA.Backend` copies of the arguments, so each op is an
+  `EXLA.Backend` call) and compares both with the reference evaluator on
+  `Nx.BinaryBackend`: the same containers, vectorized axes, types and
+  shapes, and values as `assert_tensor/3` compares them (`:atol`, `:rtol`).
+  Options given to `EXLA.jit` go in `:jit` (say, `[client: :other]`).
+  Returns the jitted result.
+  """
+  def assert_jit_and_eager(fun, args, opts \\ []) do
+    expected = reference(fun, args)
+    jitted = EXLA.jit_apply(fun, args, Keyword.get(opts, :jit, []))
+
+    eager =
+      Nx.with_default_backend(EXLA.Backend, fn ->
+        args = Enum.map(args, &Nx.backend_copy(&1, EXLA.Backend))
+        Nx.Defn.jit_apply(fun, args, compiler: Nx.Defn.Evaluator)
+      end)
+
+    for {mode, actual} <- [jit: jitted, eager: eager] do
+      assert_container(expected, actual, Keyword.put(opts, :label, mode))
+    end
+
+    jitted
+  end
+
+  defp assert_container(expected, actual, opts) do
+    expected_flat = flatten([expected])
+    actual_flat = flatten([actual])
+    label = opts[:label]
+
+    assert length(expected_flat) == length(actual_flat),
+           "#{label}: #{length(actual_flat)} outputs, expected #{length(expected_flat)}"
+
+    for {e, a} <- Enum.zip(expected_flat, actual_flat) do
+      assert %EXLA.Backend{} = a.data, "#{label}: result not on EXLA.Backend: #{inspect(a)}"
+
+      assert e.vectorized_axes == a.vectorized_axes,
+             "#{label}: vectorized axes #{inspect(a.vectorized_axes)} != #{inspect(e.vectorized_axes)}"
+
+      actual = a |> Nx.devectorize() |> Nx.backend_copy(Nx.BinaryBackend)
+      assert_tensor(e, actual, opts)
+    end
   end
 
   defp labels(%{} = map) when not is_struct(map) do

@@ -26,6 +26,20 @@ defmodule EXLA.TestClients do
     :ok
   end
 
+  @doc """
+  The exception with which creating a client in `fun` failed: as EXLA,
+  `EXLA.Client.fetch!/1` exits the caller with it (see its docs); fails
+  the test when `fun` returns.
+  """
+  def creation_error(fun) do
+    fun.()
+    ExUnit.Assertions.flunk("expected creating the client to fail")
+  catch
+    :exit, {{%_{__exception__: true} = exception, stacktrace}, {GenServer, :call, _}}
+    when is_list(stacktrace) ->
+      exception
+  end
+
   defp update(fun) do
     :global.trans({__MODULE__, self()}, fn ->
       {result, clients} = fun.(Application.fetch_env!(:exla, :clients))

@@ -16,7 +16,9 @@ defmodule EXLA.TestFacts do
     * `:cuda` - an NVIDIA device and a CUDA plugin are found
       (`EXLA.TestPlatform.cuda?/0`): CUDA is then the default client;
     * `:cpu_only` - the default client is the CPU's (the tag's value says
-      why the test holds only there).
+      why the test holds only there);
+    * `:x86_64` - the machine is an x86-64 one, whose XLA:CPU code a client
+      can cap at an instruction set (`xla_cpu_max_isa: "AVX2"`).
   """
   def facts do
     cuda? = EXLA.TestPlatform.cuda?()
@@ -26,7 +28,8 @@ defmodule EXLA.TestFacts do
       fault_injection: nif_features() =~ "fault-injection",
       cargo: System.find_executable("cargo") != nil,
       cuda: cuda?,
-      cpu_only: not cuda?
+      cpu_only: not cuda?,
+      x86_64: to_string(:erlang.system_info(:system_architecture)) =~ ~r/^x86_64/
     }
   end
 

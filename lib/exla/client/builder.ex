@@ -54,7 +54,8 @@ defmodule EXLA.Client.Builder do
       platform_version: info[:platform_version],
       plugin_path: path,
       device_type: options[:device_type],
-      xla_options: xla_options
+      xla_options: xla_options,
+      automatic_transfers: options[:automatic_transfers]
     }
   end
 

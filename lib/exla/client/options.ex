@@ -19,7 +19,8 @@ defmodule EXLA.Client.Options do
 
   # Allowed without a default: absent means the platform's defaults alone
   # (:device_type and :plugin_path are required by :pjrt_plugin alone).
-  @optional_options [:xla_options, :cpu_plugin, :device_type, :plugin_path]
+  # (:automatic_transfers defaults by platform, see validate!/2.)
+  @optional_options [:xla_options, :cpu_plugin, :device_type, :plugin_path, :automatic_transfers]
 
   @doc "Validates a client's options, returning them with the defaults filled in."
   def validate!(name, options) do
@@ -48,6 +49,7 @@ defmodule EXLA.Client.Options do
 
     options
     |> Keyword.update!(:memory_fraction, &(&1 * 1.0))
+    |> Keyword.put_new(:automatic_transfers, options[:platform] == :host)
     |> plugin_options!(name)
   end
 
@@ -94,6 +96,10 @@ defmodule EXLA.Client.Options do
        do: :ok
 
   defp check_option!(_name, _platform, {:preallocate, value}) when is_boolean(value), do: :ok
+
+  defp check_option!(_name, _platform, {:automatic_transfers, value}) when is_boolean(value),
+    do: :ok
+
   defp check_option!(_name, _platform, {:warm_up, value}) when is_boolean(value), do: :ok
 
   defp check_option!(_name, _platform, {:memory_fraction, value})
@@ -172,6 +178,7 @@ defmodule EXLA.Client.Options do
   defp expected(:default_device_id), do: "a non-negative integer"
   defp expected(:preallocate), do: "a boolean"
   defp expected(:warm_up), do: "a boolean"
+  defp expected(:automatic_transfers), do: "a boolean"
   defp expected(:memory_fraction), do: "a number greater than 0 and at most 1"
   defp expected(:plugin), do: "a path (string)"
   defp expected(:device_count), do: "a positive integer"

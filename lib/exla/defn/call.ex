@@ -131,6 +131,12 @@ defmodule EXLA.Defn.Call do
       when node(ref) == node(),
       do: buffer
 
+  def to_buffer(%T{data: %EXLA.Backend{buffer: %{ref: ref} = buffer}}, _shape, client, device_id)
+      when node(ref) == node() do
+    transferable!(buffer, client, device_id)
+    EXLA.DeviceBuffer.copy_to_device(buffer, client, device_id)
+  end
+
   def to_buffer(%T{data: %EXLA.Backend{buffer: buffer}}, _shape, client, device_id),
     do: EXLA.DeviceBuffer.copy_to_device(buffer, client, device_id)
 
@@ -138,6 +144,32 @@ defmodule EXLA.Defn.Call do
 
   def to_buffer(number, shape, _client, _device_id) when is_number(number),
     do: {number |> Nx.tensor(type: shape.dtype) |> Nx.to_binary(), shape}
+
+  # A tensor of another device of this node is copied where the program
+  # runs only when its client has :automatic_transfers (see EXLA.Client);
+  # otherwise EXLA raises, with these words first. (Another node's tensor
+  # is read through its owner, as EXLA reads it.)
+  defp transferable!(buffer, client, device_id) do
+    source = EXLA.Client.fetch!(buffer.client_name)
+
+    unless source.automatic_transfers do
+      default = EXLA.Client.fetch!(EXLA.Client.default_name())
+
+      raise ArgumentError, """
+      EXLA computation (defn) is allocated on client #{client.name} ##{device_id} \
+      (#{client.platform}) but one of the input tensors are allocated on \
+      #{source.name} ##{buffer.device_id} (#{source.platform}).
+
+      Client #{inspect(source.name)} has automatic_transfers: false (the default of \
+      clients of other platforms than :host), so its tensors are not copied to other \
+      devices implicitly. Move the tensor with Nx.backend_transfer/2 or \
+      Nx.backend_copy/2, create it on the client and device that run the computation \
+      (the default client and device are #{default.name} ##{default.default_device_id}, \
+      #{default.platform}), or give #{inspect(source.name)} automatic_transfers: true \
+      in its configuration.
+      """
+    end
+  end
 
   @doc false
   def run_compiled(%Compiled{debug?: false} = compiled, args_list),

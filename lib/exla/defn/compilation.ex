@@ -80,33 +80,48 @@ defmodule EXLA.Defn.Compilation do
   ## Cache and compilation
 
   @doc false
+  # A program of `cache: path` is never served from memory without reading
+  # its file first (see EXLA.Defn.CacheFile).
   def lookup_or_compile(key, cache_key, vars, fun, opts) do
     case LockedCache.get(cache_key, Keyword.get(opts, :cache_kind, :permanent)) do
-      nil ->
-        compile(key, cache_key, vars, fun, opts)
-
-      compiled ->
+      %Compiled{cache_file: nil} = compiled ->
         if compiled.debug?, do: Call.log_hits(key, 0)
         compiled
+
+      _nil_or_file ->
+        compile(key, cache_key, vars, fun, opts)
     end
   end
 
   @doc false
   def compile(key, cache_key, vars, fun, opts) do
     # :cache_kind is internal (EXLA.Backend's ops), not a jit option
-    {internal, opts} = Keyword.split(opts, [:cache_kind])
-    opts = validate_options!(opts) ++ internal
+    {internal, given} = Keyword.split(opts, [:cache_kind])
+    opts = validate_options!(given) ++ internal
+    fetch = fn opts -> fetch(key, cache_key, vars, fun, opts) end
+
+    case opts[:cache] do
+      path when is_binary(path) ->
+        configuration = EXLA.Defn.CacheFile.configuration(vars, given, opts[:client])
+        opts = opts ++ [cache_configuration: configuration]
+        EXLA.Defn.CacheFile.through(path, configuration, opts[:debug], fn -> fetch.(opts) end)
+
+      _true_or_false ->
+        case fetch.(opts) do
+          {:hit, compiled} ->
+            if opts[:debug], do: Call.log_hits(key, 0)
+            compiled
+
+          {_miss_or_off, compiled} ->
+            compiled
+        end
+    end
+  end
+
+  defp fetch(key, cache_key, vars, fun, opts) do
     kind = Keyword.get(opts, :cache_kind, :permanent)
     build = fn -> from_origin(key, cache_key, opts) || build(key, vars, fun, opts) end
-
-    case LockedCache.fetch_or_build(opts[:cache], cache_key, kind, build) do
-      {:hit, compiled} ->
-        if opts[:debug], do: Call.log_hits(key, 0)
-        compiled
-
-      {_miss_or_off, compiled} ->
-        compiled
-    end
+    LockedCache.fetch_or_build(opts[:cache], cache_key, kind, build)
   end
 
   # An anonymous function made on another node that is connected may be
@@ -213,9 +228,8 @@ defmodule EXLA.Defn.Compilation do
     if callbacks, do: EXLA.HostCallback.install!(client)
 
     compile_opts = [device_id: opts[:device_id]]
-
-    {exe, disk_cache} =
-      EXLA.CompileCache.Memory.compile(client, program, compile_opts, opts[:cache])
+    disk = disk(opts)
+    {exe, disk_cache} = EXLA.CompileCache.Memory.compile(client, program, compile_opts, disk)
 
     output = Composite.traverse(expr, &%{&1 | data: %Nx.TemplateBackend{}})
     donated = donated_inputs(vars, opts[:donate])
@@ -235,7 +249,31 @@ defmodule EXLA.Defn.Compilation do
       callbacks: callbacks
     }
 
+    compiled =
+      case disk do
+        {path, _configuration} ->
+          program_key = EXLA.CompileCache.key(client, program, compile_opts)
+          %{compiled | cache_file: path, program_key: program_key}
+
+        _ ->
+          compiled
+      end
+
     {compiled, disk_cache}
+  end
+
+  # The :cache given to EXLA.CompileCache: the file of `cache: path` with
+  # its configuration (see EXLA.Defn.CacheFile). The file holds the
+  # function's first program: a lazy variant (which has no
+  # configuration) keeps its own in memory only.
+  defp disk(opts) do
+    case opts[:cache] do
+      path when is_binary(path) ->
+        if configuration = opts[:cache_configuration], do: {path, configuration}, else: false
+
+      true_or_false ->
+        true_or_false
+    end
   end
 
   # One shape per flattened input, nil for an input the program does not
@@ -315,7 +353,7 @@ defmodule EXLA.Defn.Compilation do
   # like the first one).
   defp lazy_variants(key, expr, vars, opts) do
     variant = fn device ->
-      opts = Keyword.put(opts, :device_inputs, device)
+      opts = opts |> Keyword.put(:device_inputs, device) |> Keyword.delete(:cache_configuration)
       build = fn -> key |> compile_expr(expr, vars, opts) |> elem(0) end
       cache_key = {:lazy_variant, key, vars_key(vars), opts}
 
@@ -355,7 +393,11 @@ defmodule EXLA.Defn.Compilation do
   ## Options
 
   @defaults [precision: :default, cache: true, debug: false, lazy_transfers: :opt_in, donate: []]
-  @precisions [:default, :high, :highest, :packed_nibble]
+  @precisions EXLA.NxVersion.precisions()
+  # EXLA's words: ":default, :high, or :highest" (with ", or :packed_nibble"
+  # last on Nx 0.7.2).
+  @precisions_text Enum.map_join(Enum.drop(@precisions, -1), ", ", &inspect/1) <>
+                     ", or #{inspect(List.last(@precisions))}"
 
   @doc false
   # Validates the values of the compiler options EXLA knows (of jit,
@@ -381,8 +423,8 @@ defmodule EXLA.Defn.Compilation do
 
     unless opts[:precision] in @precisions do
       raise ArgumentError,
-            "expected precision configuration to be one of :default, :high, :highest, " <>
-              "or :packed_nibble, got: #{inspect(opts[:precision])}"
+            "expected precision configuration to be one of #{@precisions_text}, " <>
+              "got: #{inspect(opts[:precision])}"
     end
 
     check_cache!(opts[:cache])

@@ -25,7 +25,7 @@ defmodule EXLA.Defn.CompileReport do
   """
   def compiled(key, vars, expr, opts, timing, disk_cache) do
     %{eval_time: eval_time, compile_time: compile_time, stages: stages} = timing
-    if opts[:debug], do: log(key, opts[:cache], compile_time, disk_cache)
+    if opts[:debug], do: log(key, opts, compile_time, disk_cache)
 
     times = %{
       eval_time: eval_time,
@@ -50,8 +50,8 @@ defmodule EXLA.Defn.CompileReport do
     :ok
   end
 
-  defp log(key, cache, compile_time, disk_cache) do
-    if is_binary(cache), do: log_file(cache, disk_cache)
+  defp log(key, opts, compile_time, disk_cache) do
+    log_file(opts, disk_cache)
 
     Logger.debug(
       "EXLA compilation #{inspect(key)} cache miss in #{ms(compile_time)}ms" <>
@@ -59,10 +59,20 @@ defmodule EXLA.Defn.CompileReport do
     )
   end
 
-  # The lines EXLA 0.9 and later log for `cache: path`.
-  defp log_file(path, :hit), do: Logger.debug("EXLA disk cache found at #{inspect(path)}")
-  defp log_file(path, :miss), do: Logger.debug("EXLA disk cache not found at #{inspect(path)}")
-  defp log_file(_path, _other), do: :ok
+  # EXLA's lines for the file of `cache: path`, where no reader of its own
+  # said them: EXLA.Defn.CacheFile reads jit's file (which carries a
+  # configuration) and speaks for it; a stream's (EXLA.stream/3) is read
+  # only by the compile cache.
+  defp log_file(opts, disk_cache) do
+    with path when is_binary(path) <- opts[:cache],
+         nil <- opts[:cache_configuration] do
+      case disk_cache do
+        :hit -> Logger.debug("EXLA disk cache found at #{inspect(path)}")
+        :miss -> Logger.debug("EXLA disk cache not found at #{inspect(path)}")
+        _memory_or_off -> :ok
+      end
+    end
+  end
 
   # EXLA's three measurements, and the stages of :compile_time.
   defp measurements(times, stages) do

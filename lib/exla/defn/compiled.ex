@@ -18,6 +18,9 @@ defmodule EXLA.Defn.Compiled do
   #   * `:donate` - the positions, among the program's parameters, of the
   #     inputs each run donates (among the flattened inputs for a lazy
   #     program, whose parameters vary per call)
+  #   * `:cache_file` / `:program_key` - with `cache: path`, the path, which
+  #     every call reads first (see EXLA.Defn.CacheFile), and the compile
+  #     cache's key of the program; `nil` otherwise
   defstruct [
     :exe,
     :client,
@@ -29,6 +32,8 @@ defmodule EXLA.Defn.Compiled do
     :key,
     debug?: false,
     callbacks: nil,
-    donate: []
+    donate: [],
+    cache_file: nil,
+    program_key: nil
   ]
 end

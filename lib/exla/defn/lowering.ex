@@ -61,9 +61,10 @@ defmodule EXLA.Defn.Lowering do
 
   Options:
 
-    * `:precision` - `:default`, `:high`, `:highest` or `:packed_nibble`;
-      used by every `dot_general` and `convolution` (which cannot be
-      lowered with `:packed_nibble`: StableHLO has no such precision)
+    * `:precision` - `:default`, `:high`, `:highest` or, on Nx 0.7.2,
+      `:packed_nibble`; used by every `dot_general` and `convolution`
+      (which cannot be lowered with `:packed_nibble`: StableHLO has no
+      such precision)
 
     * `:hooks` - a map of hook functions by name. When given and the
       expression has active hooks, the module takes a `ui64` chain as its
@@ -206,7 +207,7 @@ defmodule EXLA.Defn.Lowering do
 
     precision = opts[:precision] || :default
 
-    unless precision in [:default, :high, :highest, :packed_nibble] do
+    unless precision in EXLA.NxVersion.precisions() do
       raise ArgumentError, "unknown precision #{inspect(precision)}"
     end
 
@@ -277,6 +278,16 @@ defmodule EXLA.Defn.Lowering do
 
   defp assign(b, kv), do: %{b | assigns: Enum.into(kv, b.assigns)}
 
+  # A node is lowered in the devectorized frame: Nx builds every op's
+  # arguments (shapes, axes) there, with the vectorized axes leading, and
+  # vectorizes only the struct of the result, so a node seen vectorized (an
+  # output, or a value a hook or a cond holds) has the same arguments as
+  # its devectorized self.
+  defp devectorize(%T{vectorized_axes: []} = t), do: t
+
+  defp devectorize(%T{names: names, vectorized_axes: axes} = t),
+    do: %{t | shape: dims(t), names: Keyword.keys(axes) ++ names, vectorized_axes: []}
+
   @doc false
   def dims(%T{shape: shape, vectorized_axes: []}), do: shape
 
@@ -327,6 +338,7 @@ defmodule EXLA.Defn.Lowering do
         {res, b}
 
       _ ->
+        t = devectorize(t)
         check!(op, t, b)
         {res, b} = lower_op(op, t, b)
         {res, assign(b, cache: Map.put(b.assigns.cache, id, res))}
@@ -397,11 +409,15 @@ defmodule EXLA.Defn.Lowering do
   end
 
   # An integer constant (as `Nx.max(x, 0)` or the count of `Nx.mean` make)
-  # that `elem` represents exactly is emitted in `elem`: converting it at
-  # run time gives that same value, so the bits are the same and the
-  # program has one op less.
+  # whose value `elem` represents exactly is emitted in `elem`: converting
+  # it at run time gives that same value, so the bits are the same and the
+  # program has one op less. Its value is the number as its own type holds
+  # it: Nx 0.12 and later type an integer literal s32 whatever its size
+  # (`Nx.add(x, 2 ** 40 + 3)` adds 3, as Nx.BinaryBackend and EXLA.Backend
+  # do), Nx 0.7 s64.
   defp exact_constant(%T{type: {kind, _} = from, data: %Expr{op: :constant, args: [n]}}, elem)
        when kind in [:s, :u] and is_integer(n) and from != elem do
+    n = Ops.wrap_integer(from, n)
     if exact?(n, elem), do: {:ok, n}, else: :error
   end
 

@@ -69,13 +69,13 @@ defmodule EXLA.Defn.Recompilation do
   defp digest(counter),
     do: :crypto.hash(:sha256, :erlang.term_to_binary(counter, [:deterministic]))
 
+  # EXLA 0.13.1's words.
   defp warn(key, count) do
     Logger.warning(
       "EXLA has compiled #{inspect(key)} #{count} times with the same input shapes. " <>
-        "A function that captures a tensor (a closure given to jit, defn or grad) is a new " <>
-        "function, compiled again, whenever the captured tensor changes: give the changing " <>
-        "tensors to it as arguments instead. (This warning comes from the " <>
-        ":check_recompilation setting of :exla.)"
+        "This typically means tensor values are being captured inside a closure passed " <>
+        "to defn, jit, or value_and_grad. Each distinct captured value forces a full " <>
+        "recompilation. Pass changing tensors as explicit function arguments instead."
     )
   end
 

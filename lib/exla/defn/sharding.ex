@@ -76,7 +76,7 @@ defmodule EXLA.Defn.Sharding do
       end
     end)
 
-    sharding |> Map.values() |> once_each!(sharding, index)
+    sharding |> Enum.sort() |> Enum.map(&elem(&1, 1)) |> once_each!()
 
     for axis <- 0..(tuple_size(dims) - 1)//1, do: List.wrap(sharding[axis])
   end
@@ -175,7 +175,10 @@ defmodule EXLA.Defn.Sharding do
   to lists of mesh axes. Returns one list of mesh axes per axis of `t`.
   """
   def mesh_sharding!(sharding, t, shape, index) do
-    map!(sharding, index, "lists of mesh axes")
+    # EXLA 0.13.1's words.
+    unless is_map(sharding) do
+      raise ArgumentError, "expected input sharding to be a map, got: #{inspect(sharding)}"
+    end
 
     by_axis =
       Enum.reduce(sharding, %{}, fn {axis, mesh_axes}, acc ->
@@ -183,19 +186,18 @@ defmodule EXLA.Defn.Sharding do
 
         if Map.has_key?(acc, i) do
           raise ArgumentError,
-                "axis #{i} of input #{index} is given more than once in the sharding " <>
-                  "#{inspect(sharding)}"
+                "tensor dimension #{inspect(axis)} (index #{i}) was specified multiple times"
         end
 
         Map.put(acc, i, mesh_axes!(mesh_axes, shape, sharding, index))
       end)
 
-    by_axis |> Map.values() |> List.flatten() |> once_each!(sharding, index)
-
-    for i <- 0..(tuple_size(t.shape) - 1)//1, do: Map.get(by_axis, i, [])
+    dim_axes = for i <- 0..(tuple_size(t.shape) - 1)//1, do: Map.get(by_axis, i, [])
+    once_each!(List.flatten(dim_axes))
+    dim_axes
   end
 
-  # Either form's sharding is a map of tensor axes to `values`.
+  # A tuple mesh's sharding is a map of tensor axes to `values`.
   defp map!(sharding, _index, _values) when is_map(sharding), do: :ok
 
   defp map!(sharding, index, values) do
@@ -204,24 +206,30 @@ defmodule EXLA.Defn.Sharding do
             "got: #{inspect(sharding)}"
   end
 
-  # A mesh axis splits at most one tensor axis of an input.
-  defp once_each!(mesh_axes, sharding, index) do
-    if length(Enum.uniq(mesh_axes)) != length(mesh_axes) do
-      raise ArgumentError,
-            "the sharding #{inspect(sharding)} of input #{index} uses a mesh axis twice"
-    end
+  # A mesh axis splits at most one tensor axis of an input: the first one
+  # named again, in the order of the tensor's axes, is reported (EXLA's
+  # words).
+  defp once_each!(mesh_axes) do
+    Enum.reduce(mesh_axes, MapSet.new(), fn axis, seen ->
+      if axis in seen do
+        raise ArgumentError, "axis #{axis} was used twice in the same input sharding"
+      end
+
+      MapSet.put(seen, axis)
+    end)
   end
 
   defp mesh_axes!(mesh_axes, shape, sharding, index) do
-    valid? =
-      is_list(mesh_axes) and
-        Enum.all?(mesh_axes, &(is_integer(&1) and &1 >= 0 and &1 < tuple_size(shape)))
-
-    unless valid? do
+    unless is_list(mesh_axes) and Enum.all?(mesh_axes, &is_integer/1) do
       raise ArgumentError,
             "invalid sharding #{inspect(sharding)} of input #{index}: each tensor axis maps " <>
               "to a list of mesh axes, integers from 0 to #{tuple_size(shape) - 1} for a mesh " <>
               "of shape #{inspect(shape)}, got: #{inspect(mesh_axes)}"
+    end
+
+    for axis <- mesh_axes, axis < 0 or axis >= tuple_size(shape) do
+      raise ArgumentError,
+            "axis #{axis} is not valid for mesh with #{tuple_size(shape)} axes"
     end
 
     mesh_axes

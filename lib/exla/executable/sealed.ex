@@ -37,6 +37,41 @@ defmodule EXLA.Executable.Sealed do
   def version, do: @version
 
   @doc """
+  The metadata of the sealed executable in the file at `path`, read without
+  its blob and without checking the checksum: for comparing it with what
+  is expected before the whole file is opened (`open/1`), never for
+  loading. Returns `{:ok, metadata}`, `{:error, :other_version}` for a
+  sealed executable of another format version, `{:error, :unknown}` when
+  the file is not one (or its metadata names atoms this VM has never
+  made, so it cannot describe this VM's program), or `{:error, posix}`.
+  """
+  def peek_metadata(path) do
+    with {:ok, file} <- File.open(path, [:read, :binary, :raw]) do
+      try do
+        peek(file)
+      after
+        File.close(file)
+      end
+    end
+  end
+
+  defp peek(file) do
+    header = byte_size(@magic) + 2 + 4
+
+    with {:ok, <<@magic, version::16, meta_size::32>>} <- :file.read(file, header),
+         true <- version == @version or {:error, :other_version},
+         {:ok, <<meta::binary-size(meta_size)>>} <- :file.read(file, meta_size),
+         %{} = metadata <- :erlang.binary_to_term(meta, [:safe]) do
+      {:ok, metadata}
+    else
+      {:error, reason} when is_atom(reason) -> {:error, reason}
+      _ -> {:error, :unknown}
+    end
+  rescue
+    ArgumentError -> {:error, :unknown}
+  end
+
+  @doc """
   Seals `blob` with `metadata` (a map).
   """
   def seal(metadata, blob) when is_map(metadata) and is_binary(blob) do

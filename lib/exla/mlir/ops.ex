@@ -37,8 +37,8 @@ defmodule EXLA.MLIR.Ops do
   # An integer is written as the type holds it: Nx 0.9 and later type
   # integer constants s32 whatever their size, and wrap them as s32 does
   # (as Nx.BinaryBackend does).
-  defp splat_literal({kind, size}, value, type) when kind in [:s, :u] and is_integer(value) do
-    "dense<#{wrap(kind, size, value)}> : #{Type.to_string(type)}"
+  defp splat_literal({kind, _} = elem, value, type) when kind in [:s, :u] and is_integer(value) do
+    "dense<#{wrap_integer(elem, value)}> : #{Type.to_string(type)}"
   end
 
   defp splat_literal(elem, value, type) do
@@ -46,12 +46,13 @@ defmodule EXLA.MLIR.Ops do
     ~s(dense<"0x#{Base.encode16(binary)}"> : #{Type.to_string(type)})
   end
 
-  defp wrap(:s, size, value) do
+  @doc "The integer `value` as the integer type `elem` holds it (wrapped to its size)."
+  def wrap_integer({:s, size}, value) do
     <<wrapped::signed-size(size)>> = <<value::size(size)>>
     wrapped
   end
 
-  defp wrap(:u, size, value) do
+  def wrap_integer({:u, size}, value) do
     <<wrapped::size(size)>> = <<value::size(size)>>
     wrapped
   end

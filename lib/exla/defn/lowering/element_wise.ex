@@ -221,10 +221,7 @@ defmodule EXLA.Defn.Lowering.ElementWise do
 
   def lower(:conjugate, %T{data: %Expr{args: [x]}} = t, b) do
     {x, b} = lower_as(x, t.type, b)
-    {re, b} = Ops.real(b, x)
-    {im, b} = Ops.imag(b, x)
-    {im, b} = Ops.unary(b, "stablehlo.negate", im)
-    Ops.complex(b, re, im)
+    conjugate(b, x)
   end
 
   def lower(:bitcast, %T{data: %Expr{args: [x]}} = t, b) do
@@ -314,4 +311,13 @@ defmodule EXLA.Defn.Lowering.ElementWise do
   end
 
   def as_type(b, x, type), do: Ops.convert(b, x, type)
+
+  @doc false
+  # The complex conjugate of `x` (a complex value): StableHLO has no op.
+  def conjugate(b, %Value{type: {{:c, _}, _}} = x) do
+    {re, b} = Ops.real(b, x)
+    {im, b} = Ops.imag(b, x)
+    {im, b} = Ops.unary(b, "stablehlo.negate", im)
+    Ops.complex(b, re, im)
+  end
 end

@@ -2,7 +2,8 @@ defmodule EXLA.Defn.Lowering.LinAlg do
   @moduledoc false
   # dot, convolution, FFT and triangular solve.
 
-  alias EXLA.MLIR.Ops
+  alias EXLA.MLIR.{Ops, Value}
+  alias EXLA.Defn.Lowering.ElementWise
   alias Nx.Defn.Expr
   alias Nx.Tensor, as: T
   import EXLA.Defn.Lowering
@@ -65,12 +66,7 @@ defmodule EXLA.Defn.Lowering.LinAlg do
         true -> Ops.reshape(b, x, Tuple.insert_at(x_dims, rank - 1, 1))
       end
 
-    transpose =
-      case opts[:transform_a] || :none do
-        :none -> "NO_TRANSPOSE"
-        :transpose -> "TRANSPOSE"
-        :conjugate -> "ADJOINT"
-      end
+    {a, transpose, b} = transform_a(b, a, opts[:transform_a] || :none)
 
     {v, b} =
       Ops.triangular_solve(b, a, x,
@@ -81,6 +77,19 @@ defmodule EXLA.Defn.Lowering.LinAlg do
 
     if vector?, do: Ops.reshape(b, v, x_dims), else: {v, b}
   end
+
+  # Nx's :conjugate (Nx 0.12 and later; Nx 0.7 refuses it) solves with
+  # conj(a), not transposed. StableHLO's ADJOINT would also transpose, so
+  # a is conjugated first (nothing to do for a real a) and solved as it is.
+  defp transform_a(b, a, :none), do: {a, "NO_TRANSPOSE", b}
+  defp transform_a(b, a, :transpose), do: {a, "TRANSPOSE", b}
+
+  defp transform_a(b, %Value{type: {{:c, _}, _}} = a, :conjugate) do
+    {a, b} = ElementWise.conjugate(b, a)
+    {a, "NO_TRANSPOSE", b}
+  end
+
+  defp transform_a(b, a, :conjugate), do: {a, "NO_TRANSPOSE", b}
 
   # Nx permutations say where each logical axis (batch, feature, spatial...)
   # lives in the tensor: logical axis k is tensor axis perm[k].

@@ -23,12 +23,6 @@ defmodule EXLA.Defn.Lowering.Structure do
 
   def lower(:broadcast, %T{data: %Expr{args: [x, _shape, axes]}} = t, b) do
     {x, b} = lower_as(x, t.type, b)
-    offset = tuple_size(dims(t)) - tuple_size(t.shape)
-    axes = Enum.to_list(0..(offset - 1)//1) ++ Enum.map(axes, &(&1 + offset))
-
-    x_rank = tuple_size(elem(x.type, 1))
-    # The operand may carry vectorized leading axes as well.
-    axes = Enum.drop(axes, length(axes) - x_rank)
     Ops.broadcast_in_dim(b, x, dims(t), axes)
   end
 
@@ -86,8 +80,6 @@ defmodule EXLA.Defn.Lowering.Structure do
 
   # Each tensor gets the new axis (of size 1), then they are concatenated.
   def lower(:stack, %T{data: %Expr{args: [tensors, axis]}} = t, b) do
-    axis = axis + tuple_size(dims(t)) - tuple_size(t.shape)
-
     {xs, b} =
       Enum.map_reduce(tensors, b, fn tensor, b ->
         {x, b} = lower_as(tensor, t.type, b)
