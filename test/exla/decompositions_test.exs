@@ -118,6 +118,15 @@ defmodule EXLA.DecompositionsTest do
 
   @types [{:f, 32}, {:f, 64}, {:c, 64}, {:c, 128}]
 
+  # Calls `fun` with a random batch of square matrices of each type and
+  # shape (1x1, 6x6, 3x2 of 9x9), its size and the tolerance for it.
+  defp for_square_matrices(seed, fun) do
+    for type <- @types, shape <- [{1, 1}, {6, 6}, {3, 2, 9, 9}] do
+      n = elem(shape, tuple_size(shape) - 1)
+      fun.(random(shape, type, seed), n, tol(type, n))
+    end
+  end
+
   ## QR
 
   describe "qr" do
@@ -301,16 +310,14 @@ defmodule EXLA.DecompositionsTest do
 
   describe "cholesky" do
     test "L . Lᴴ is A, L lower triangular with a positive real diagonal" do
-      for type <- @types, shape <- [{1, 1}, {6, 6}, {3, 2, 9, 9}] do
-        x = random(shape, type, 9)
-        n = elem(shape, tuple_size(shape) - 1)
-        spd = mul(x, adjoint(x)) |> Nx.add(Nx.multiply(Nx.eye(n), n)) |> Nx.as_type(type)
+      for_square_matrices(9, fn x, n, tolerance ->
+        spd = mul(x, adjoint(x)) |> Nx.add(Nx.multiply(Nx.eye(n), n)) |> Nx.as_type(x.type)
         {l} = both(&Nx.LinAlg.cholesky/1, [spd])
-        assert error(mul(l, adjoint(l)), spd) <= tol(type, n), "#{inspect({type, shape})}"
+        assert error(mul(l, adjoint(l)), spd) <= tolerance
         assert triangular?(l, :lower)
         d = diagonal(l)
         assert max_abs(Nx.imag(d)) == 0 and Nx.to_number(Nx.reduce_min(Nx.real(d))) > 0
-      end
+      end)
     end
 
     test "a matrix that is not positive definite gives NaN, the others of a batch their factor" do
@@ -325,17 +332,15 @@ defmodule EXLA.DecompositionsTest do
 
   describe "lu" do
     test "P . L . U is A, P a permutation, L unit lower and U upper triangular" do
-      for type <- @types, shape <- [{1, 1}, {6, 6}, {3, 2, 9, 9}] do
-        a = random(shape, type, 10)
+      for_square_matrices(10, fn a, _n, tolerance ->
         {p, l, u} = both(&Nx.LinAlg.lu/1, [a])
-        n = elem(shape, tuple_size(shape) - 1)
-        assert error(mul(mul(p, l), u), a) <= tol(type, n), "#{inspect({type, shape})}"
+        assert error(mul(mul(p, l), u), a) <= tolerance
         assert triangular?(l, :lower) and triangular?(u, :upper)
         assert max_abs(Nx.subtract(diagonal(l), 1)) == 0
         # a permutation: zeros and ones, a one in each row and column
         assert max_abs(Nx.subtract(Nx.sum(wide(p), axes: [-1]), 1)) == 0
         assert max_abs(Nx.subtract(Nx.sum(wide(p), axes: [-2]), 1)) == 0
-      end
+      end)
     end
 
     test "pivots on the largest entry of the column, as LAPACK's getrf" do
@@ -402,28 +407,16 @@ defmodule EXLA.DecompositionsTest do
 
       {d} = both(&Nx.LinAlg.determinant/1, [Nx.tensor([[[2, 3], [4, 5]], [[6, 3], [4, 8]]])])
       assert Nx.to_list(d) == [-2.0, 36.0]
-      three = Nx.tensor([[1.0, 2.0, 3.0], [1.0, 5.0, 3.0], [7.0, 6.0, 9.0]])
-      assert Nx.to_number(elem(both(&Nx.LinAlg.determinant/1, [three]), 0)) == -36.0
-
-      swap =
-        Nx.tensor([
-          [0.0, 1.0, 0.0, 0.0],
-          [1.0, 0.0, 0.0, 0.0],
-          [0.0, 0.0, 2.0, 0.0],
-          [0.0, 0.0, 0.0, 3.0]
-        ])
-
-      assert Nx.to_number(elem(both(&Nx.LinAlg.determinant/1, [swap]), 0)) == -6.0
-      # (two equal rows: elimination makes an exact zero pivot)
-      singular =
-        Nx.tensor([
-          [1.0, 2.0, 3.0, 4.0],
-          [1.0, 2.0, 3.0, 4.0],
-          [0.0, 1.0, 0.0, 1.0],
-          [1.0, 0.0, 0.0, 1.0]
-        ])
-
-      assert Nx.to_number(Nx.abs(elem(both(&Nx.LinAlg.determinant/1, [singular]), 0))) == 0.0
+      # a 3x3 (the closed formula), a swap of rows, and two equal rows
+      # (elimination makes an exact zero pivot)
+      for {rows, expected} <- [
+            {[[1, 2, 3], [1, 5, 3], [7, 6, 9]], -36.0},
+            {[[0, 1, 0, 0], [1, 0, 0, 0], [0, 0, 2, 0], [0, 0, 0, 3]], -6.0},
+            {[[1, 2, 3, 4], [1, 2, 3, 4], [0, 1, 0, 1], [1, 0, 0, 1]], 0.0}
+          ] do
+        {d} = both(&Nx.LinAlg.determinant/1, [Nx.tensor(rows, type: :f32)])
+        assert abs(Nx.to_number(d)) == abs(expected) and Nx.to_number(d) * expected >= 0
+      end
     end
 
     test "invert goes through them" do
@@ -494,10 +487,15 @@ defmodule EXLA.DecompositionsTest do
       end
     end
 
-    test "non-square input is refused as Nx refuses it" do
-      a = Nx.iota({2, 3}, type: :f32)
+    test "bad input is refused as Nx refuses it: not square, complex SVD" do
+      not_square = Nx.iota({2, 3}, type: :f32)
 
-      for fun <- [&Nx.LinAlg.eigh/1, &Nx.LinAlg.cholesky/1, &Nx.LinAlg.lu/1] do
+      for {fun, a} <- [
+            {&Nx.LinAlg.eigh/1, not_square},
+            {&Nx.LinAlg.cholesky/1, not_square},
+            {&Nx.LinAlg.lu/1, not_square},
+            {&Nx.LinAlg.svd/1, random({3, 3}, {:c, 64}, 17)}
+          ] do
         reference =
           assert_raise(ArgumentError, fn -> fun.(Nx.backend_copy(a, Nx.BinaryBackend)) end)
 
@@ -515,24 +513,92 @@ defmodule EXLA.DecompositionsTest do
           type: :f64
         )
 
+      # from 4x4, where the determinant is native too
+      c = Nx.add(random({5, 5}, {:f, 64}, 16), Nx.multiply(Nx.eye(5, type: :f64), 4))
+
       # The gradients are Nx's own: through the default implementations'
-      # custom gradients, on their results, computed in the same program.
-      # The SVD's iterates to the default's tolerance, where the evaluator
-      # and XLA round apart (Nx 0.7's takes square matrices only). Nx's
-      # eigh gradient fails to build on both lines, on the reference too
-      # (a reshape of a scalar in Nx.Defn.Grad).
+      # custom gradients (and Nx.Defn.Grad's for LU), on their results,
+      # computed in the same program. The SVD's iterates to the default's
+      # tolerance, where the evaluator and XLA round apart (Nx 0.7's takes
+      # square matrices only).
       for {fun, input, tolerance} <- [
             {fn a -> a |> Nx.LinAlg.svd() |> elem(1) |> Nx.sum() end, a, 1.0e-4},
             {fn a -> a |> Nx.LinAlg.cholesky() |> Nx.sum() end, a, 1.0e-12},
             {fn a ->
                a |> Nx.LinAlg.qr() |> then(fn {q, r} -> Nx.add(Nx.sum(q), Nx.sum(r)) end)
-             end, b, 1.0e-12}
+             end, b, 1.0e-12},
+            {fn a ->
+               a |> Nx.LinAlg.lu() |> then(fn {_p, l, u} -> Nx.add(Nx.sum(l), Nx.sum(u)) end)
+             end, c, 1.0e-12},
+            {&Nx.LinAlg.determinant/1, c, 1.0e-12},
+            {fn a -> a |> Nx.LinAlg.invert() |> Nx.sum() end, c, 1.0e-12},
+            {fn a -> a |> Nx.LinAlg.solve(Nx.iota({5}, type: :f64)) |> Nx.sum() end, c, 1.0e-12}
           ] do
         grad = &Nx.Defn.grad(&1, fun)
         expected = Nx.Defn.jit_apply(grad, [input], compiler: Nx.Defn.Evaluator)
         got = EXLA.jit(grad).(input)
-        assert error(got, expected) <= tolerance
+        assert error(got, expected) <= tolerance, "#{inspect(fun)}"
       end
+    end
+
+    test "eigh's gradient fails to build as on the reference" do
+      # Nx's eigh has no gradient of its own, and Nx.Defn.Grad fails on
+      # its default implementation, with the evaluator too (Nx 0.7.2 and
+      # 0.13.1: "cannot reshape, current shape {} is not compatible with
+      # new shape {1, 3, 3}"); EXLA gives the same exception.
+      a = Nx.tensor([[4.0, 1.0, 0.5], [1.0, 3.0, 0.25], [0.5, 0.25, 2.0]], type: :f64)
+
+      for pick <- [0, 1] do
+        grad = &Nx.Defn.grad(&1, fn a -> a |> Nx.LinAlg.eigh() |> elem(pick) |> Nx.sum() end)
+
+        reference =
+          assert_raise(ArgumentError, fn ->
+            Nx.Defn.jit_apply(grad, [a], compiler: Nx.Defn.Evaluator)
+          end)
+
+        got = assert_raise(ArgumentError, fn -> EXLA.jit(grad).(a) end)
+        assert got.message == reference.message
+      end
+    end
+
+    test "identity, zero and ill-conditioned matrices" do
+      eye = Nx.eye(5, type: :f64)
+      zero = Nx.broadcast(Nx.tensor(0.0, type: :f64), {5, 5})
+      {l} = both(&Nx.LinAlg.cholesky/1, [eye])
+      {p, lower, u} = both(&Nx.LinAlg.lu/1, [eye])
+      {x} = both(&Nx.LinAlg.solve/2, [eye, Nx.iota({5}, type: :f64)])
+      {d} = both(&Nx.LinAlg.determinant/1, [eye])
+
+      for t <- [l, p, lower, u], do: assert(bits(t) == bits(eye))
+      assert Nx.to_list(x) == [0.0, 1.0, 2.0, 3.0, 4.0] and Nx.to_number(d) == 1.0
+
+      {p, lower, u} = both(&Nx.LinAlg.lu/1, [zero])
+      assert bits(p) == bits(eye) and bits(lower) == bits(eye) and bits(u) == bits(zero)
+      {d} = both(&Nx.LinAlg.determinant/1, [zero])
+      assert Nx.to_number(d) == 0.0
+      {l} = both(&Nx.LinAlg.cholesky/1, [zero])
+      assert l |> Nx.is_nan() |> Nx.all() |> Nx.to_number() == 1
+
+      # the Hilbert matrix of order 8: symmetric positive definite, with a
+      # condition number of 1.5e10; the residuals stay at rounding
+      indices = Nx.add(Nx.iota({8, 8}, axis: 0, type: :f64), Nx.iota({8, 8}, axis: 1))
+      hilbert = Nx.divide(1.0, Nx.add(indices, 1))
+      {q, r} = both(&Nx.LinAlg.qr/1, [hilbert])
+      assert error(mul(q, r), hilbert) <= tol({:f, 64}, 8)
+      assert orthonormality(q) <= tol({:f, 64}, 8)
+      {values, vectors} = both(&Nx.LinAlg.eigh/1, [hilbert])
+      back = mul(mul(vectors, diagonal_matrix(values)), adjoint(vectors))
+      assert error(back, hilbert) <= tol({:f, 64}, 8)
+      assert orthonormality(vectors) <= tol({:f, 64}, 8)
+      {l} = both(&Nx.LinAlg.cholesky/1, [hilbert])
+      assert error(mul(l, adjoint(l)), hilbert) <= tol({:f, 64}, 8)
+      {p, lower, u} = both(&Nx.LinAlg.lu/1, [hilbert])
+      assert error(mul(mul(p, lower), u), hilbert) <= tol({:f, 64}, 8)
+      ones = Nx.broadcast(Nx.tensor(1.0, type: :f64), {8})
+      {x} = both(&Nx.LinAlg.solve/2, [hilbert, ones])
+      # (backward stable: |A x - b| is rounding relative to |A| |x|)
+      residual = mul(hilbert, Nx.new_axis(wide(x), -1)) |> Nx.squeeze(axes: [-1])
+      assert max_abs(Nx.subtract(residual, ones)) / max_abs(x) <= tol({:f, 64}, 8)
     end
   end
 

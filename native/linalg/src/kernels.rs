@@ -30,7 +30,15 @@ use faer::prelude::default;
 use faer::{c32, c64, Conj, Mat, MatMut, MatRef, Par};
 
 /// The element types the kernels compute in: XLA's f32, f64, c64 and c128.
-pub trait Elem: faer::traits::ComplexField + Copy + Send + Sync + 'static {
+pub trait Elem:
+    faer::traits::ComplexField
+    + Copy
+    + Send
+    + Sync
+    + 'static
+    + std::ops::Mul<Output = Self>
+    + std::ops::Sub<Output = Self>
+{
     /// The real type of the same precision (itself for real types).
     type Part: Elem<Part = Self::Part> + faer::traits::RealField;
     /// The type of twice the precision, or itself for f64 and c128.
@@ -51,8 +59,12 @@ pub trait Elem: faer::traits::ComplexField + Copy + Send + Sync + 'static {
     /// The unit-modulus factor that turns `self` real and positive when it
     /// multiplies it (conj(self) / |self|), or 1 for 0.
     fn unphase(self) -> Self;
-    fn times(self, other: Self) -> Self;
-    fn minus(self, other: Self) -> Self;
+    fn times(self, other: Self) -> Self {
+        self * other
+    }
+    fn minus(self, other: Self) -> Self {
+        self - other
+    }
     fn inverse(self) -> Self;
     /// |re| + |im|, which LU pivots on (as LAPACK and faer do).
     fn magnitude1(self) -> f64;
@@ -110,14 +122,6 @@ macro_rules! real_elem {
                 } else {
                     1.0
                 }
-            }
-            #[inline]
-            fn times(self, other: Self) -> Self {
-                self * other
-            }
-            #[inline]
-            fn minus(self, other: Self) -> Self {
-                self - other
             }
             #[inline]
             fn inverse(self) -> Self {
@@ -211,14 +215,6 @@ macro_rules! complex_elem {
                 } else {
                     <$t>::new(self.re / norm, -self.im / norm)
                 }
-            }
-            #[inline]
-            fn times(self, other: Self) -> Self {
-                self * other
-            }
-            #[inline]
-            fn minus(self, other: Self) -> Self {
-                self - other
             }
             #[inline]
             fn inverse(self) -> Self {

@@ -28,11 +28,11 @@
 //! subnormals (`float_env.rs`). The pool's threads never flush them.
 //!
 //! Threads: a kernel runs on the calling plugin thread, serially, unless
-//! its batch is large enough to pay for threads (see `plan`): then on a
-//! pool of this crate's own, one thread per core, either one matrix at a
-//! time with faer's parallel code (large matrices) or the matrices of the
-//! batch spread over the pool (small ones). The calling thread waits
-//! meanwhile, so at most one thread per core computes for a kernel.
+//! it is large enough to pay for threads (see `plan`): then on a pool of
+//! this crate's own, one thread per core, either the matrices of a batch
+//! spread over the pool, or one large matrix with faer's parallel code
+//! (from each target's PARALLEL_FROM, measured). The calling thread waits
+//! meanwhile, so a kernel keeps at most one thread per core busy.
 
 mod float_env;
 pub mod kernels;
@@ -76,9 +76,11 @@ trait Decomposition: 'static {
     /// batch dimensions and element type).
     const OPERANDS: usize = 1;
     /// What the call's attributes say (modes).
-    type Options: Copy + Send + Sync;
+    type Options: Copy + Send + Sync + Default;
 
-    fn options(call: &Call<'_>) -> Result<Self::Options, FfiError>;
+    fn options(_call: &Call<'_>) -> Result<Self::Options, FfiError> {
+        Ok(Self::Options::default())
+    }
 
     /// The results' dimensions after the batch dimensions, for operands of
     /// matrix dimensions `dims` (rows, columns), each with whether it holds
@@ -87,6 +89,12 @@ trait Decomposition: 'static {
 
     /// About how many floating-point operations one matrix takes.
     fn work(dims: &[(usize, usize)]) -> f64;
+
+    /// From this size of one matrix (its smaller side) faer's parallel
+    /// code runs it faster on two threads than on one, as measured with
+    /// `examples/threads.rs` on 2 cores (bench/PERFORMANCE.md): below it a
+    /// single matrix runs serially on the calling thread.
+    const PARALLEL_FROM: usize;
 
     /// Decomposes `inputs` (one matrix of each operand) and writes each
     /// result, row-major, in `outs`.
@@ -143,6 +151,8 @@ struct Qr;
 
 impl Decomposition for Qr {
     const TARGET: &'static str = "exla_linalg_qr";
+    // 256: 0.75x, 512: 1.0x, 1024: 1.2-1.45x
+    const PARALLEL_FROM: usize = 640;
     type Options = bool;
 
     fn options(call: &Call<'_>) -> Result<bool, FfiError> {
@@ -180,11 +190,9 @@ struct Eigh;
 
 impl Decomposition for Eigh {
     const TARGET: &'static str = "exla_linalg_eigh";
+    // (f64) 128: 0.96x, 256: 1.2x, 1024: 1.8x
+    const PARALLEL_FROM: usize = 160;
     type Options = ();
-
-    fn options(_: &Call<'_>) -> Result<(), FfiError> {
-        Ok(())
-    }
 
     fn results(dims: &[(usize, usize)], _: ()) -> Result<Vec<Output>, FfiError> {
         let n = square(dims[0], Self::TARGET)?;
@@ -208,6 +216,8 @@ struct Svd;
 
 impl Decomposition for Svd {
     const TARGET: &'static str = "exla_linalg_svd";
+    // (f64) 64: 0.94x, 128: 1.1x, 1024: 1.3x
+    const PARALLEL_FROM: usize = 112;
     type Options = bool;
 
     fn options(call: &Call<'_>) -> Result<bool, FfiError> {
@@ -241,11 +251,9 @@ struct Cholesky;
 
 impl Decomposition for Cholesky {
     const TARGET: &'static str = "exla_linalg_cholesky";
+    // 256: 0.8-0.9x, 512: 1.0-1.07x, 1024: 1.3-1.5x
+    const PARALLEL_FROM: usize = 512;
     type Options = ();
-
-    fn options(_: &Call<'_>) -> Result<(), FfiError> {
-        Ok(())
-    }
 
     fn results(dims: &[(usize, usize)], _: ()) -> Result<Vec<Output>, FfiError> {
         let n = square(dims[0], Self::TARGET)?;
@@ -266,11 +274,9 @@ struct Lu;
 
 impl Decomposition for Lu {
     const TARGET: &'static str = "exla_linalg_lu";
+    // 256: 0.8-0.9x, 512: 0.95-1.1x, 1024: 1.2x
+    const PARALLEL_FROM: usize = 512;
     type Options = ();
-
-    fn options(_: &Call<'_>) -> Result<(), FfiError> {
-        Ok(())
-    }
 
     fn results(dims: &[(usize, usize)], _: ()) -> Result<Vec<Output>, FfiError> {
         let n = square(dims[0], Self::TARGET)?;
@@ -293,12 +299,10 @@ struct Solve;
 
 impl Decomposition for Solve {
     const TARGET: &'static str = "exla_linalg_solve";
+    // (an LU)
+    const PARALLEL_FROM: usize = Lu::PARALLEL_FROM;
     const OPERANDS: usize = 2;
     type Options = ();
-
-    fn options(_: &Call<'_>) -> Result<(), FfiError> {
-        Ok(())
-    }
 
     fn results(dims: &[(usize, usize)], _: ()) -> Result<Vec<Output>, FfiError> {
         let n = square(dims[0], Self::TARGET)?;
@@ -329,11 +333,9 @@ struct Determinant;
 
 impl Decomposition for Determinant {
     const TARGET: &'static str = "exla_linalg_determinant";
+    // (an LU)
+    const PARALLEL_FROM: usize = Lu::PARALLEL_FROM;
     type Options = ();
-
-    fn options(_: &Call<'_>) -> Result<(), FfiError> {
-        Ok(())
-    }
 
     fn results(dims: &[(usize, usize)], _: ()) -> Result<Vec<Output>, FfiError> {
         square(dims[0], Self::TARGET)?;
@@ -437,8 +439,12 @@ fn run<D: Decomposition, T: Elem>(call: &mut Call<'_>) -> Result<(), FfiError> {
             .collect();
         D::compute(mats, options, par, outs);
     };
-    float_env::with_subnormals(
-        || match plan(count, D::work(&matrices) * element_cost::<T>()) {
+    float_env::with_subnormals(|| {
+        match plan(
+            count,
+            D::work(&matrices) * element_cost::<T>(),
+            matrices[0].0.min(matrices[0].1) >= D::PARALLEL_FROM,
+        ) {
             Plan::Serial => {
                 for (b, outs) in per_matrix.iter_mut().enumerate() {
                     decompose(b, outs, Par::Seq);
@@ -456,8 +462,8 @@ fn run<D: Decomposition, T: Elem>(call: &mut Call<'_>) -> Result<(), FfiError> {
                     .enumerate()
                     .for_each(|(b, outs)| decompose(b, outs, Par::Seq));
             }),
-        },
-    );
+        }
+    });
     Ok(())
 }
 
@@ -540,20 +546,24 @@ enum Plan {
 
 /// Below this many operations in all, threads cost more than they save.
 const SERIAL_WORK: f64 = 4.0e6;
-/// From this many operations in one matrix, faer's parallel code pays.
-const PARALLEL_MATRIX_WORK: f64 = 2.0e7;
 
-/// The plan for `count` matrices of `work` operations each.
-fn plan(count: usize, work: f64) -> Plan {
+/// The plan for `count` matrices of `work` operations each, `large` when
+/// one matrix is large enough for faer's parallel code (PARALLEL_FROM).
+/// A batch worth threads spreads its matrices over the pool, each serial:
+/// that scales with the cores, where faer's parallel code on one matrix
+/// gains 1.2 to 1.8 times on two. Below PARALLEL_FROM faer on threads is
+/// slower than on one (a 256x256 QR: 1.35 ms on one thread, 1.8 ms on
+/// two), so a single matrix that small runs on the calling thread.
+fn plan(count: usize, work: f64, large: bool) -> Plan {
     let Some(pool) = pool() else {
         return Plan::Serial;
     };
-    if count as f64 * work < SERIAL_WORK {
-        Plan::Serial
-    } else if work >= PARALLEL_MATRIX_WORK || count == 1 {
+    if count > 1 && count as f64 * work >= SERIAL_WORK {
+        Plan::MatricesInParallel(pool)
+    } else if large {
         Plan::EachMatrixInParallel(pool)
     } else {
-        Plan::MatricesInParallel(pool)
+        Plan::Serial
     }
 }
 
@@ -590,12 +600,18 @@ mod tests {
     }
 
     #[test]
-    fn small_batches_run_serially() {
-        assert!(matches!(plan(1, 1000.0), Plan::Serial));
-        assert!(matches!(plan(10, 1000.0), Plan::Serial));
+    fn small_work_runs_serially() {
+        assert!(matches!(plan(1, 1000.0, false), Plan::Serial));
+        assert!(matches!(plan(10, 1000.0, false), Plan::Serial));
+        // a single matrix below PARALLEL_FROM, however much work
+        assert!(matches!(plan(1, 1e9, false), Plan::Serial));
         if pool().is_some() {
-            assert!(matches!(plan(1, 1e9), Plan::EachMatrixInParallel(_)));
-            assert!(matches!(plan(10_000, 1e4), Plan::MatricesInParallel(_)));
+            assert!(matches!(plan(1, 1e9, true), Plan::EachMatrixInParallel(_)));
+            assert!(matches!(
+                plan(10_000, 1e4, false),
+                Plan::MatricesInParallel(_)
+            ));
+            assert!(matches!(plan(4, 1e9, true), Plan::MatricesInParallel(_)));
         }
     }
 
