@@ -186,18 +186,21 @@ defmodule ScholarBench do
     for {name, r} <- results, ops = Map.get(r, :ops, %{}), ops != %{} do
       top =
         ops
-        |> Enum.sort_by(fn {_op, m} -> -m[:xla_compile_time] end)
-        |> Enum.take(8)
-        |> Enum.map_join(", ", fn {op, m} ->
-          "#{op_name(op)} #{m[:count]} (#{secs(m[:xla_compile_time])} s)"
+        |> Enum.group_by(fn {op, _m} -> op_name(op) end, fn {_op, m} -> m end)
+        |> Enum.map(fn {op, ms} ->
+          {op, Enum.sum(Enum.map(ms, & &1[:count])),
+           Enum.sum(Enum.map(ms, & &1[:xla_compile_time]))}
         end)
+        |> Enum.sort_by(fn {_op, _count, time} -> -time end)
+        |> Enum.take(8)
+        |> Enum.map_join(", ", fn {op, count, time} -> "#{op} #{count} (#{secs(time)} s)" end)
 
       IO.puts("\n#{name}: eager operations compiled by XLA, most compile time first: #{top}")
     end
   end
 
   # An eager program's key is its operation's name, or for a block (Nx 0.12
-  # and later) `{struct, fun}`: named by the struct's module.
+  # and later) `{struct, fun}`: named (and summed) by the struct's module.
   defp op_name({%module{}, _fun}), do: inspect(module)
   defp op_name(op) when is_atom(op), do: Atom.to_string(op)
   defp op_name(op), do: inspect(op)
