@@ -377,6 +377,47 @@ defmodule EXLA.Backend do
     def optional(name, args, fun) do
       run_whole(:optional, name, args, fn filled -> Nx.Defn.Expr.optional(name, filled, fun) end)
     end
+
+    # Nx 0.7's evaluator runs an `:optional` node through the backend only
+    # where it exports the op itself (`svd/3`, ...), else it evaluates the
+    # default implementation op by op: so a defn run by the evaluator on
+    # EXLA.Backend tensors (`Nx.LinAlg.pinv/2` called eagerly, for one) got
+    # Nx's Jacobi SVD instead of the native one (pinv of [[1, 1], [3, 4]]:
+    # 4.004 where the exact value is 4 and jit gives 3.9999983). These run
+    # what `optional/3` runs (Nx.Backend's optional callbacks), checked
+    # against Nx's template as `Nx.Shared.optional/4` checks it. (solve and
+    # determinant have no public default implementation to give.)
+    for {name, default} <- [
+          cholesky: &Nx.LinAlg.Cholesky.cholesky/1,
+          qr: &Nx.LinAlg.QR.qr/2,
+          eigh: &Nx.LinAlg.Eigh.eigh/2,
+          svd: &Nx.LinAlg.SVD.svd/2
+        ] do
+      args = Macro.generate_arguments(if(name == :cholesky, do: 1, else: 2), nil)
+
+      @impl true
+      def unquote(name)(out, unquote_splicing(args)) do
+        unquote(name)
+        |> optional(unquote(args), unquote(Macro.escape(default)))
+        |> optional_compatible!(out)
+      end
+    end
+
+    defp optional_compatible!(result, out) when is_tuple(out) do
+      result
+      |> Tuple.to_list()
+      |> Enum.zip_with(Tuple.to_list(out), &optional_compatible!/2)
+      |> List.to_tuple()
+    end
+
+    defp optional_compatible!(%T{} = result, %T{} = out)
+         when {result.shape, result.type, result.names} == {out.shape, out.type, out.names},
+         do: result
+
+    defp optional_compatible!(result, out) do
+      raise ArgumentError,
+            "expected default implementation to match template #{inspect(out)}, got: #{inspect(result)}"
+    end
   end
 
   if EXLA.NxVersion.pointers?() do

@@ -602,6 +602,28 @@ defmodule EXLA.DecompositionsTest do
     end
   end
 
+  describe "under the evaluator" do
+    test "a defn the evaluator runs on EXLA.Backend tensors calls the native kernels" do
+      # (Nx 0.7's evaluator ran Nx's default implementations op by op
+      # there: pinv of this matrix was 4.004 where the exact one is 4)
+      a = Nx.tensor([[1.0, 1.0], [3.0, 4.0]]) |> Nx.backend_copy(EXLA.Backend)
+      pinv = Nx.Defn.jit_apply(&Nx.LinAlg.pinv/1, [a], compiler: Nx.Defn.Evaluator)
+      assert error(pinv, Nx.tensor([[4.0, -1.0], [-3.0, 1.0]])) <= 1.0e-5
+
+      for fun <- [
+            &Nx.LinAlg.svd/1,
+            &Nx.LinAlg.qr/1,
+            &Nx.LinAlg.eigh/1,
+            &Nx.LinAlg.cholesky/1
+          ] do
+        spd = Nx.add(Nx.dot(a, Nx.transpose(a)), Nx.eye(2, backend: EXLA.Backend))
+        evaluated = Nx.Defn.jit_apply(fun, [spd], compiler: Nx.Defn.Evaluator) |> flatten()
+        jitted = EXLA.jit(fun).(spd) |> flatten()
+        for {e, j} <- Enum.zip(evaluated, jitted), do: assert(bits(e) == bits(j))
+      end
+    end
+  end
+
   describe "lowering" do
     test "the host calls the native kernels; other platforms keep their lowerings" do
       for {fun, target} <- [

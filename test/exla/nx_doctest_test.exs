@@ -164,39 +164,36 @@ defmodule EXLA.NxDoctestTest.LinAlg do
   use EXLA.NxDoctestCase, nx: :v0_7
   import EXLA.NxDoctestTest.Helpers
 
-  # Measured on the doctests (each failing example):
+  # The same functions as EXLA 0.13.1's own list (its
+  # nx_linalg_doctest_test.exs: solve and triangular_solve, and the
+  # rounding differences of svd, pinv, eigh, cholesky, least_squares,
+  # determinant, matrix_power, lu and qr), with what each prints here, as
+  # measured on the doctests with the host's native decompositions:
   #
-  #   * cholesky/1: one entry 1.587713360786438 for 1.5877134799957275: 1 ulp
-  #   * determinant/1 (LU in f32): 47.999996185302734 for 48.0 (two
-  #     examples) and 630.0000610351562 for 630.0: 1 ulp
-  #   * eigh/2: Nx's default implementation (QR iterations, stopped by the
-  #     doctests' eps: 1.0e-4) converges to other digits than the
-  #     reference's algorithm: eigenvector entries 0.5603503584861755 for
-  #     0.5612090229988098 (8.6e-4, with the other sign), and another basis
-  #     of a repeated eigenvalue's eigenspace (quirks file, item 8)
-  #   * least_squares/2 (through pinv): 1.0040979385375977 for
-  #     0.9966151118278503 (7.5e-3) and 6.5e-4 in the second example
+  #   * cholesky/1 (LAPACK's order of operations): 1 ulp, as in
+  #     2.1213202476501465 for 2.1213204860687256
+  #   * determinant/1: the sign of a zero, 0.0-6.0i for -0.0-6.0i (c64), and
+  #     1 ulp in f32 (LU in another order than the reference's formula)
+  #   * eigh/2: eigenvalues by decreasing magnitude ([4.0, 1.0] where the
+  #     reference prints [1.0, 4.0]), eigenvectors accurate where the
+  #     reference's QR iterations stop at eps 1.0e-4 (0.40824830532073975
+  #     for 0.4075949788093567; exactly 1/sqrt(6) = 0.408248...)
+  #   * least_squares/2 and pinv/2 (through the native SVD): the exact
+  #     solution to f32 rounding where the reference's Jacobi SVD is off,
+  #     1.0 and -0.9500002264976501 for 0.9966151118278503 and
+  #     -0.947966456413269, pinv 3.9999983310699463 for 3.9924824237823486
+  #     (the exact value is 4)
   #   * lu/2: another permutation (three examples): pivots are chosen
   #     on the current column while eliminating (LAPACK's partial
   #     pivoting); the reference picks them from the original matrix
-  #   * matrix_power/2 (inverse by LU): -2.0000007152557373 for
-  #     -2.000000476837158 (1 ulp), -110.37399291992188 for
-  #     -110.37397766113281 (2 ulp)
-  #   * pinv/2 (Nx's default SVD in f32): 4.004096031188965 for
-  #     3.9924824237823486 (1.2e-2; the exact inverse is 4.0)
-  #   * qr/2: R[2][2] of the reduced example is 1.4142135381698608,
-  #     sqrt(2) rounded to f32, where the reference prints 1.4142136573791504
-  #     (1 ulp above): the Householder QR sets R's diagonal to the column's
-  #     norm (see EXLA.Defn.Lowering.QR) instead of rounding it through a
-  #     reflector matrix product. Not excluded by EXLA 0.7.2 (whose doctests
-  #     ran on Nx.BinaryBackend tensors); on EXLA.Backend its Eigen QR gives
-  #     -1.4142135 there (the other sign convention)
+  #   * matrix_power/2 (inverse through LU and QR): -110.37469482421875 for
+  #     -110.37397766113281 (the exact value is -110.375)
+  #   * qr/2: -0.0 for 0.0 in Q, and 0.7071067690849304 for
+  #     0.7071068286895752 (1 ulp)
   #   * solve/2: `Nx.round` of solutions within 1e-7 of zero gives -0.0
   #     where the reference gives 0.0 (two examples)
-  #   * svd/2: u[0][1] is 1.0 where the reference prints 0.9999999403953552
-  #     (two examples): XLA fuses a product and the add that follows into
-  #     one fused multiply-add (with XLA_FLAGS=--xla_cpu_max_isa=AVX, no FMA,
-  #     both pass): 1 ulp
+  #   * svd/2: -0.0 for 0.0 in U, and 1.0 where the reference prints
+  #     0.9999999403953552 (1 ulp)
   #   * triangular_solve/3 (XLA's f32 solver): 1 or 2 ulp in four examples
   @xla_linear_algebra [cholesky: 1, determinant: 1, eigh: 2, least_squares: 2, lu: 2] ++
                         [matrix_power: 2, pinv: 2, qr: 2, solve: 2, svd: 2, triangular_solve: 3]

@@ -17,7 +17,13 @@ defmodule EXLA.OpTableTest do
     optional_defined =
       Enum.filter(Nx.Backend.behaviour_info(:optional_callbacks), &(&1 in defined))
 
-    assert optional_defined == if(EXLA.NxVersion.blocks?(), do: [], else: [optional: 3])
+    # On Nx 0.7, optional/3 and the decompositions whose :optional nodes
+    # Nx's evaluator sends to the backend only where it exports them
+    assert Enum.sort(optional_defined) ==
+             if(EXLA.NxVersion.blocks?(),
+               do: [],
+               else: [cholesky: 2, eigh: 3, optional: 3, qr: 3, svd: 3]
+             )
 
     # Callbacks of another Nx line are not defined (Nx 0.7's take/4 and
     # optional/3 on later lines, block/4 on Nx 0.7).
