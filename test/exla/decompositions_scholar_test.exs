@@ -56,16 +56,6 @@ defmodule EXLA.DecompositionsScholarTest do
       assert [s1, s2, s3, 0.0] = Nx.to_flat_list(s)
       assert s1 >= s2 and s2 >= s3 and s3 > 0.1
       assert reconstruction_error(a, result) < 1.0e-5
-
-      # the reference agrees on the rank
-      {_, reference, _} =
-        Nx.with_default_backend(Nx.BinaryBackend, fn ->
-          Nx.Defn.jit_apply(&Nx.LinAlg.svd(&1, full_matrices?: false), [a],
-            compiler: Nx.Defn.Evaluator
-          )
-        end)
-
-      assert Nx.to_flat_list(reference) |> List.last() == 0.0
     end
 
     test "rank-deficient #{type} products keep only their rank's singular values" do
@@ -81,6 +71,21 @@ defmodule EXLA.DecompositionsScholarTest do
         assert s2 > 1.0
         assert reconstruction_error(m, result) < 1.0e-5
       end
+    end
+  end
+
+  # (Nx 0.13.1's evaluator raises an ArithmeticError on this matrix)
+  @tag nx: :v0_7
+  test "Nx 0.7.2's own SVD gives the same zeros" do
+    for type <- [:f32, :f64] do
+      {_, s, _} =
+        Nx.with_default_backend(Nx.BinaryBackend, fn ->
+          Nx.Defn.jit_apply(&Nx.LinAlg.svd(&1, full_matrices?: false), [centred(@a, type)],
+            compiler: Nx.Defn.Evaluator
+          )
+        end)
+
+      assert s |> Nx.to_flat_list() |> List.last() == 0.0
     end
   end
 
