@@ -184,6 +184,83 @@ defmodule EXLA do
       every call by request. Another value raises `ArgumentError` at the
       next compilation.
 
+  ## What a function captures
+
+  The cache key of a jitted function holds the function, and so what it
+  captured, and its options. A term may share subterms: `Enum.reduce(1..40,
+  :leaf, fn _, t -> {t, t} end)` is 40 tuples in memory but 2^40 leaves as
+  a tree, and so is an `Nx.Defn` expression in which each step uses the
+  one before twice (what `Nx.Defn.Graph.run/3` jits). The VM hashes,
+  compares and copies a term as a tree, in one call that cannot be
+  interrupted, so such a key would hold a scheduler for ever. EXLA
+  therefore keeps the cost of every key within the size of its terms in
+  memory:
+
+    * the function, and the options, each stand for themselves when their
+      tree takes at most 65,536 words (a function's captured values
+      included), as in EXLA; EXLA walks them first, on the calling
+      scheduler, which costs about what hashing them does (small options,
+      and a function that captures nothing, are looked at in Elixir
+      without the walk);
+
+    * a larger one stands for a 128-bit digest of its value, computed on
+      a dirty scheduler with each subterm visited once wherever it is
+      shared (XXH3-128, 5 to 50 ns a subterm): equal values get equal
+      digests however they share, two different ones the same digest with
+      a probability of about 2^-128. The calling process remembers the
+      answer for the last 4 functions that captured something (the same
+      term in memory, so the same value): calling the same jitted
+      function again skips the walk and the digest of what it captured
+      (a remembered function is kept alive until 4 others replace it);
+
+    * a compiled program that would hold such a term (a hook's function
+      that captured it, or the variants of `lazy_transfers: :always`,
+      which keep the function) is not kept: each call evaluates and lowers
+      the function again, and takes the executable of the same program
+      text from the in-memory compile cache.
+
+  Logged and raised keys and options are printed cut down to about 2,000
+  words. The `[:exla, :compilation]` metadata still holds the function
+  itself, as in EXLA (given by reference, at no cost): a handler that
+  prints, compares or sends it pays for its tree.
+
+  Measured on a 2-core machine shared with other work, with one scheduler
+  (`bench/shared_term_bench.exs`, Elixir 1.14 and Nx 0.7.2; medians of 7
+  rounds, µs per cached call of `x + 1` on an `f32[2]`; the same closure
+  called again, or a new closure of equal value at each call):
+
+  | captured | before, same | before, new | now, same | now, new |
+  | --- | --- | --- | --- | --- |
+  | nothing | 4.7 | 4.8 | 4.8 | 5.3 |
+  | a list of 1,000 integers | 10.4 | 10.5 | 10.6 | 15.9 |
+  | a list of 100,000 integers | 789 | 959 | 5.3 | 3,610 |
+  | a chain of 20 tuples, 2^20 leaves | 20,237 | 19,880 | 6.0 | 292 |
+
+  A closure that captured a chain of 16 tuples used to take 19 ms at its
+  first call beyond the compile and 0.8 ms at each later one, of 20
+  tuples 335 and 17.5 ms (the scheduler held 47 ms at a time), of 22
+  tuples 1,066 and 55 ms (291 ms held), and of 40 never returned. Now a
+  first call takes the evaluator's time and the compile's plus less than a
+  millisecond, and a later one 10 µs, at any depth (60 tested), with the
+  scheduler held less than a millisecond.
+
+  ## Runs nobody waits for
+
+  On the host platform, a program's `while` loops check whether their run
+  is still wanted: when the process that called it (a jitted function,
+  `EXLA.Executable.run/3`, an `Nx.Serving` run) exits or is killed, the
+  run stops at its loops' next check, about 50 µs later or after one
+  iteration, and gives its memory back; so does a run under way when the
+  VM halts (OTP 26 and later). The checks cost about 1% of a loop's time,
+  within the noise of a measure (see "Runs nobody waits for" in the README
+  for the numbers, and the programs that have no checks). To compile
+  programs without them:
+
+      config :exla, :stop_abandoned_runs, false
+
+    * `:stop_abandoned_runs` - `true` (the default) or `false`, read when a
+      program is compiled.
+
   ## Distribution
 
   Tensors and compiled functions may be sent to other nodes of a cluster

@@ -147,7 +147,7 @@ defmodule EXLA.Backend do
   alias Nx.Tensor, as: T
   alias EXLA.Backend, as: B
   alias EXLA.Defn.Compiled
-  alias EXLA.LockedCache
+  alias EXLA.{LockedCache, SharedTerm}
 
   ## Creation
 
@@ -526,7 +526,9 @@ defmodule EXLA.Backend do
     {skeleton, tensors} = scan(args, [], true)
     tensors = Enum.reverse(tensors)
     {client_name, device_id} = place(tensors) || default_place()
-    key = {__MODULE__, kind, name, skeleton, client_name, device_id}
+    # A block's struct and function, and an optional op's arguments, are
+    # the user's: the key stays within a bounded cost (EXLA.SharedTerm).
+    key = SharedTerm.key({__MODULE__, kind, name, skeleton, client_name, device_id})
 
     compiled =
       LockedCache.get(key, :bounded) ||
@@ -548,7 +550,7 @@ defmodule EXLA.Backend do
     {skeleton, tensors} = scan(args, [], false)
     tensors = Enum.reverse(tensors)
     {client_name, device_id} = place || place(tensors) || default_place()
-    key = {__MODULE__, op, out_key(out), skeleton, client_name, device_id}
+    key = op_key({__MODULE__, op, out_key(out), skeleton, client_name, device_id})
 
     compiled =
       case LockedCache.get(key, :bounded) do
@@ -566,6 +568,16 @@ defmodule EXLA.Backend do
 
     attach(out, EXLA.Defn.__run_buffers__(compiled, tensors))
   end
+
+  # The static arguments of most operations are numbers, atoms and lists
+  # and tuples of them, which Nx validates. Those of the operations that
+  # take a function hold the user's function and what it captures, which
+  # may be large or share subterms: their key stays within a bounded cost
+  # (EXLA.SharedTerm).
+  @function_ops [:reduce, :window_reduce, :map]
+
+  defp op_key({_, op, _, _, _, _} = key) when op in @function_ops, do: SharedTerm.key(key)
+  defp op_key(key), do: key
 
   defp compile(key, name, tensors, client_name, device_id, build) do
     templates = Enum.map(tensors, &Nx.to_template/1)

@@ -224,7 +224,8 @@ defmodule EXLA.Client do
     :plugin_path,
     :device_type,
     xla_options: [],
-    automatic_transfers: true
+    automatic_transfers: true,
+    run_checks: false
   ]
 
   @typedoc """
@@ -386,6 +387,14 @@ defmodule EXLA.Client do
   @spec max_tensor_bytes(t()) :: pos_integer()
   def max_tensor_bytes(%__MODULE__{platform: platform}),
     do: Discovery.max_tensor_bytes(platform)
+
+  @doc false
+  # Whether the programs compiled for `client` check, at the head of their
+  # loops, that their run is still wanted (see "Runs nobody waits for" in
+  # the README): the client's plugin has the check (the host platform),
+  # and `config :exla, :stop_abandoned_runs, false` does not turn it off.
+  def run_checks?(%__MODULE__{run_checks: checks}),
+    do: checks and Application.get_env(:exla, :stop_abandoned_runs, true) != false
 
   @doc """
   Returns the memory statistics of `client` (a client or its name).

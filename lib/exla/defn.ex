@@ -11,6 +11,7 @@ defmodule EXLA.Defn do
   # expression is built and nothing is lowered.
 
   alias EXLA.Defn.{Call, Compilation, Compiled}
+  alias EXLA.SharedTerm
   alias EXLA.LockedCache
 
   @mode_key {__MODULE__, :mode}
@@ -74,8 +75,12 @@ defmodule EXLA.Defn do
     end
   end
 
-  # The cache key of a function compiled for `key`, `vars` and `opts`.
-  defp jit_cache_key(key, vars, opts), do: {:jit, key, Compilation.vars_key(vars), opts}
+  # The cache key of a function compiled for `key`, `vars` and `opts`. The
+  # function and its options are the user's: what they capture may share
+  # subterms, and the key stays within a bounded cost (EXLA.SharedTerm;
+  # vars_key/1 is made of the arguments' types and shapes).
+  defp jit_cache_key(key, vars, opts),
+    do: {:jit, SharedTerm.function_key(key), Compilation.vars_key(vars), SharedTerm.key(opts)}
 
   # Streams exist on Nx 0.7 only (see EXLA.stream/3).
   if EXLA.NxVersion.streams?() do
@@ -100,13 +105,15 @@ defmodule EXLA.Defn do
       end
 
       cache_key = stream_cache_key(key, vars, opts)
-      [EXLA.Defn.Stream.start(cache_key, input, acc, vars, fun, args_list, opts)]
+      [EXLA.Defn.Stream.start(key, cache_key, input, acc, vars, fun, args_list, opts)]
     end
 
     @doc """
     The cache key of a stream compiled for `key`, `vars` and `opts`.
     """
-    def stream_cache_key(key, vars, opts), do: {:stream, key, Compilation.vars_key(vars), opts}
+    def stream_cache_key(key, vars, opts),
+      do:
+        {:stream, SharedTerm.function_key(key), Compilation.vars_key(vars), SharedTerm.key(opts)}
   end
 
   ## Modes used by EXLA.cached?/3 and EXLA.to_mlir_module/3

@@ -226,7 +226,8 @@ defmodule EXLA.Executable do
         argument_refs(args, client, device_id)
       end)
 
-    outputs = NIF.async!(&NIF.executable_run_devices(ref, refs, donate, &1))
+    checked = executable.facts.run_checks
+    outputs = NIF.async!(&NIF.executable_run_devices(ref, refs, donate, &1, checked))
     Enum.zip_with(devices, outputs, &wrap_outputs(executable, &1, &2))
   end
 
@@ -252,8 +253,11 @@ defmodule EXLA.Executable do
   defp run_native(%{run_on: :dirty, ref: ref}, refs, donate),
     do: NIF.unwrap!(NIF.executable_run_dirty(ref, refs, donate))
 
-  defp run_native(%{run_on: :thread, ref: ref}, refs, donate),
-    do: NIF.async!(&NIF.executable_run_async(ref, refs, donate, &1))
+  # A program whose loops check that their run is still wanted (a fact)
+  # gets the run's id from the NIF, which stops the run when the calling
+  # process is gone.
+  defp run_native(%{run_on: :thread, ref: ref, facts: facts}, refs, donate),
+    do: NIF.async!(&NIF.executable_run_async(ref, refs, donate, &1, facts.run_checks))
 
   @doc false
   # The one path from run arguments (see run/3) to the native buffers of

@@ -119,7 +119,10 @@ defmodule EXLA.HostCallback do
     chain = EXLA.DeviceBuffer.place_on_device(<<id::64-native>>, @chain_shape, client, device_id)
     refs = refs ++ [chain.ref]
 
-    with {:error, _} = error <- NIF.callback_run(exe.ref, session, refs, opts[:donate] || []) do
+    checked = exe.facts.run_checks
+
+    with {:error, _} = error <-
+           NIF.callback_run(exe.ref, session, refs, opts[:donate] || [], checked) do
       NIF.callback_close(session)
       NIF.unwrap!(error)
     end

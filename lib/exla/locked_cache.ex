@@ -89,6 +89,14 @@ defmodule EXLA.LockedCache do
   `fun` (under the key's lock), stores it as an entry of `kind` and returns
   `{:miss, value}`. A caller that waited on another process's computation
   gets `{:hit, value}`.
+
+  Keys and values are copied as trees into the table, the persistent term
+  and this process's messages, so both must be bounded (see
+  `EXLA.SharedTerm`): callers give keys made by `EXLA.SharedTerm.key/1`
+  (or their own bounded terms), and a value whose tree is larger than
+  `EXLA.SharedTerm.budget/0` words (a program that holds a hook's function
+  which captured a large or shared term) is not stored: it is returned as
+  `{:off, value}`, and the next caller computes it again.
   """
   def run(key, fun, kind \\ :permanent) when is_function(fun, 0) do
     case get(key, kind) do
@@ -112,8 +120,14 @@ defmodule EXLA.LockedCache do
 
       :compute ->
         value = compute(key, fun)
-        :ok = GenServer.call(@name, {:store, key, kind, value}, :infinity)
-        {:miss, value}
+
+        if EXLA.SharedTerm.bounded?(value) do
+          :ok = GenServer.call(@name, {:store, key, kind, value}, :infinity)
+          {:miss, value}
+        else
+          :ok = GenServer.call(@name, {:unlock, key}, :infinity)
+          {:off, value}
+        end
     end
   end
 

@@ -60,6 +60,9 @@ defmodule EXLA.NIF do
 
   def resource_kind(_term), do: nif_error()
 
+  def term_tree_size(_term, _budget, _skip), do: nif_error()
+  def term_digest(_term, _known, _by_shape), do: nif_error()
+
   def buffer_from_binary(_client, _data, _type_code, _dims, _device), do: nif_error()
   def buffer_from_binary_dirty(_client, _data, _type_code, _dims, _device), do: nif_error()
   def buffer_read(_buffer, _limit), do: nif_error()
@@ -80,9 +83,9 @@ defmodule EXLA.NIF do
   def executable_output_shapes(_executable), do: nif_error()
   def executable_run(_executable, _buffers, _donatable), do: nif_error()
   def executable_run_dirty(_executable, _buffers, _donatable), do: nif_error()
-  def executable_run_async(_executable, _buffers, _donatable, _ref), do: nif_error()
+  def executable_run_async(_executable, _buffers, _donatable, _ref, _checked), do: nif_error()
   def executable_devices(_executable), do: nif_error()
-  def executable_run_devices(_executable, _lists, _donatable, _ref), do: nif_error()
+  def executable_run_devices(_executable, _lists, _donatable, _ref, _checked), do: nif_error()
   def executable_serialize(_executable, _ref), do: nif_error()
   def executable_deserialize(_client, _bytes, _inputs, _device, _ref), do: nif_error()
 
@@ -97,7 +100,7 @@ defmodule EXLA.NIF do
   def callback_done(_session, _received), do: nif_error()
   def callback_close(_session), do: nif_error()
   def callback_session_count, do: nif_error()
-  def callback_run(_executable, _session, _buffers, _donatable), do: nif_error()
+  def callback_run(_executable, _session, _buffers, _donatable, _checked), do: nif_error()
 
   # A test aid, not an API, in test builds only (the `fault-injection`
   # cargo feature): the next host-callback session opened by `owner` panics

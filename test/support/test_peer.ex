@@ -248,6 +248,12 @@ defmodule EXLA.TestPeer.Model do
   @doc "`predict/2` with `params`, as an anonymous function of the rows."
   def scorer(params), do: fn x -> predict(params, x) end
 
+  @doc """
+  `scorer/1` that also captured `tag` (any term; for a tag that shares
+  subterms, the key of the jit is a digest, see EXLA.SharedTerm).
+  """
+  def tagged_scorer(params, tag), do: fn x -> if tag, do: predict(params, x) end
+
   @doc "A batch of `n` rows of 4 features."
   def rows(n), do: Nx.iota({n, 4}, type: :f32) |> Nx.divide(10)
 end

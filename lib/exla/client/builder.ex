@@ -55,7 +55,8 @@ defmodule EXLA.Client.Builder do
       plugin_path: path,
       device_type: options[:device_type],
       xla_options: xla_options,
-      automatic_transfers: options[:automatic_transfers]
+      automatic_transfers: options[:automatic_transfers],
+      run_checks: info.run_checks
     }
   end
 

@@ -43,7 +43,8 @@ defmodule EXLA.Defn.CacheFile do
       args: EXLA.Defn.Compilation.vars_key(vars),
       lazy_transfers: Keyword.get(given, :lazy_transfers, :opt_in),
       hooks: given |> Keyword.get(:hooks, %{}) |> Map.keys(),
-      options: options
+      # the user's: compared at each call and written, at a bounded cost
+      options: EXLA.SharedTerm.key(options)
     }
   end
 
@@ -64,7 +65,7 @@ defmodule EXLA.Defn.CacheFile do
 
       found ->
         if match?({:found, _}, found), do: warn_other_program(path)
-        if hit_or_miss == :hit and debug?, do: EXLA.Defn.Call.log_hits(compiled.key, 0)
+        if hit_or_miss == :hit and debug?, do: EXLA.Defn.Call.log_hits(compiled.name, 0)
         # A program compiled just now wrote the file already.
         if hit_or_miss == :hit, do: write(path, configuration, compiled)
         compiled
@@ -137,9 +138,9 @@ defmodule EXLA.Defn.CacheFile do
     Logger.warning("""
     EXLA disk cache does not match configuration.
 
-    Expected: #{inspect(Map.take(expected, differ))}
+    Expected: #{EXLA.SharedTerm.inspect(Map.take(expected, differ))}
 
-    Found: #{inspect(Map.take(found, differ))}
+    Found: #{EXLA.SharedTerm.inspect(Map.take(found, differ))}
     """)
   end
 

@@ -181,7 +181,7 @@ defmodule EXLA.Defn.Call do
 
   @doc false
   def debug_hit(compiled, args_list) do
-    log_hits(compiled.key, 0)
+    log_hits(compiled.name, 0)
     debug_run(compiled, args_list)
   end
 
@@ -210,9 +210,10 @@ defmodule EXLA.Defn.Call do
   end
 
   @doc false
-  def log_hits(key, time) do
-    Logger.debug("EXLA defn evaluation #{inspect(key)} cache hit in #{ms(time)}ms")
-    Logger.debug("EXLA compilation #{inspect(key)} cache hit in #{ms(time)}ms")
+  # `name` is the function's key, inspected (EXLA.SharedTerm.inspect/2).
+  def log_hits(name, time) do
+    Logger.debug("EXLA defn evaluation #{name} cache hit in #{ms(time)}ms")
+    Logger.debug("EXLA compilation #{name} cache hit in #{ms(time)}ms")
   end
 
   defp ms(us), do: Float.round(us / 1000, 1)

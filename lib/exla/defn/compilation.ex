@@ -47,7 +47,7 @@ defmodule EXLA.Defn.Compilation do
   alias Nx.Tensor, as: T
   alias Nx.Defn.Composite
   alias EXLA.Defn.{Call, Compiled}
-  alias EXLA.LockedCache
+  alias EXLA.{LockedCache, SharedTerm}
 
   ## Compilation for EXLA.Backend
 
@@ -85,7 +85,7 @@ defmodule EXLA.Defn.Compilation do
   def lookup_or_compile(key, cache_key, vars, fun, opts) do
     case LockedCache.get(cache_key, Keyword.get(opts, :cache_kind, :permanent)) do
       %Compiled{cache_file: nil} = compiled ->
-        if compiled.debug?, do: Call.log_hits(key, 0)
+        if compiled.debug?, do: Call.log_hits(SharedTerm.inspect(key), 0)
         compiled
 
       _nil_or_file ->
@@ -109,7 +109,7 @@ defmodule EXLA.Defn.Compilation do
       _true_or_false ->
         case fetch.(opts) do
           {:hit, compiled} ->
-            if opts[:debug], do: Call.log_hits(key, 0)
+            if opts[:debug], do: Call.log_hits(SharedTerm.inspect(key), 0)
             compiled
 
           {_miss_or_off, compiled} ->
@@ -134,7 +134,10 @@ defmodule EXLA.Defn.Compilation do
          %Compiled{exe: exe} = compiled <- cached_on(nodes, cache_key, opts),
          {:ok, local} <- EXLA.Remote.load_executable(exe) do
       if compiled.callbacks, do: EXLA.HostCallback.install!(local.client)
-      if opts[:debug], do: Logger.debug("EXLA loaded #{inspect(key)} from #{node(exe.ref)}")
+
+      if opts[:debug],
+        do: Logger.debug("EXLA loaded #{SharedTerm.inspect(key)} from #{node(exe.ref)}")
+
       %{compiled | exe: local, client: local.client}
     else
       _ -> nil
@@ -192,7 +195,9 @@ defmodule EXLA.Defn.Compilation do
     {eval_time, expr} = :timer.tc(fn -> fun.(vars) end)
 
     if opts[:debug] do
-      Logger.debug("EXLA defn evaluation #{inspect(key)} cache miss in #{ms(eval_time)}ms")
+      Logger.debug(
+        "EXLA defn evaluation #{SharedTerm.inspect(key)} cache miss in #{ms(eval_time)}ms"
+      )
     end
 
     {compile_time, {{compiled, disk_cache}, stages}} =
@@ -244,7 +249,7 @@ defmodule EXLA.Defn.Compilation do
       input_shapes: input_shapes,
       output: output,
       build: output_builder(output),
-      key: key,
+      name: SharedTerm.inspect(key),
       debug?: opts[:debug],
       callbacks: callbacks
     }
@@ -296,7 +301,10 @@ defmodule EXLA.Defn.Compilation do
     end
   end
 
-  defp lower(expr, vars, opts) do
+  # `run_checks?`: whether the loops of the program check that their run
+  # is still wanted, where the client can (not in the text that
+  # EXLA.to_mlir_module/3 gives, which is EXLA's).
+  defp lower(expr, vars, opts, run_checks? \\ true) do
     input_shapes = Enum.map(Composite.flatten_list(vars), &to_shape/1)
     client = EXLA.Client.fetch!(opts[:client])
 
@@ -307,7 +315,8 @@ defmodule EXLA.Defn.Compilation do
         precision: opts[:precision],
         hooks: opts[:hooks] || %{},
         lazy_inputs: lazy_inputs(vars, opts),
-        donate: donated_inputs(vars, opts[:donate])
+        donate: donated_inputs(vars, opts[:donate]),
+        run_checks: run_checks? and EXLA.Client.run_checks?(client)
       ] ++ EXLA.Defn.Lowering.client_options(client)
     )
   end
@@ -355,7 +364,8 @@ defmodule EXLA.Defn.Compilation do
     variant = fn device ->
       opts = opts |> Keyword.put(:device_inputs, device) |> Keyword.delete(:cache_configuration)
       build = fn -> key |> compile_expr(expr, vars, opts) |> elem(0) end
-      cache_key = {:lazy_variant, key, vars_key(vars), opts}
+      function = SharedTerm.function_key(key)
+      cache_key = {:lazy_variant, function, vars_key(vars), SharedTerm.key(opts)}
 
       {_hit_miss_or_off, compiled} =
         LockedCache.fetch_or_build(opts[:cache], cache_key, :permanent, build)
@@ -409,7 +419,7 @@ defmodule EXLA.Defn.Compilation do
   def validate_options!(opts) do
     unless Keyword.keyword?(opts) do
       raise ArgumentError,
-            "expected the compiler options to be a keyword list, got: #{inspect(opts)}"
+            "expected the compiler options to be a keyword list, got: #{SharedTerm.inspect(opts)}"
     end
 
     opts = Keyword.merge(@defaults, opts)
@@ -435,7 +445,7 @@ defmodule EXLA.Defn.Compilation do
     unless is_list(opts[:donate]) and Enum.all?(opts[:donate], &(is_integer(&1) and &1 >= 0)) do
       raise ArgumentError,
             "expected :donate to be a list of argument positions (non-negative integers), " <>
-              "got: #{inspect(opts[:donate])}"
+              "got: #{SharedTerm.inspect(opts[:donate])}"
     end
 
     opts
@@ -471,7 +481,8 @@ defmodule EXLA.Defn.Compilation do
 
     unless value in allowed do
       raise ArgumentError,
-            "expected #{inspect(key)} to be one of #{inspect(allowed)}, got: #{inspect(value)}"
+            "expected #{inspect(key)} to be one of #{inspect(allowed)}, " <>
+              "got: #{SharedTerm.inspect(value)}"
     end
   end
 
@@ -491,12 +502,14 @@ defmodule EXLA.Defn.Compilation do
           if compiled.callbacks, do: EXLA.HostCallback.install!(local.client)
 
           if compiled.debug?,
-            do: Logger.debug("EXLA loaded #{inspect(key)} from #{node(exe.ref)}")
+            do: Logger.debug("EXLA loaded #{compiled.name} from #{node(exe.ref)}")
 
           %{compiled | exe: local, client: local.client}
 
         {:error, message} ->
-          if compiled.debug?, do: Logger.debug("EXLA compiles #{inspect(key)} again: #{message}")
+          if compiled.debug?,
+            do: Logger.debug("EXLA compiles #{compiled.name} again: #{message}")
+
           build(key, vars, fun, validate_options!(opts))
       end
     end
@@ -516,7 +529,7 @@ defmodule EXLA.Defn.Compilation do
   def mlir_module(vars, fun, opts) do
     opts = validate_options!(opts)
     expr = fun.(vars)
-    mlir_module_result(expr, lower(expr, vars, opts))
+    mlir_module_result(expr, lower(expr, vars, opts, false))
   end
 
   @doc false
@@ -545,5 +558,6 @@ defmodule EXLA.Defn.Compilation do
   defp var_key(tuple) when is_tuple(tuple),
     do: tuple |> Tuple.to_list() |> vars_key() |> List.to_tuple()
 
-  defp var_key(container), do: Composite.traverse(container, &var_key/1)
+  # Another container (a map, a struct) may keep terms of the user's.
+  defp var_key(container), do: SharedTerm.key(Composite.traverse(container, &var_key/1))
 end

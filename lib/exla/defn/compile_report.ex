@@ -54,7 +54,7 @@ defmodule EXLA.Defn.CompileReport do
     log_file(opts, disk_cache)
 
     Logger.debug(
-      "EXLA compilation #{inspect(key)} cache miss in #{ms(compile_time)}ms" <>
+      "EXLA compilation #{EXLA.SharedTerm.inspect(key)} cache miss in #{ms(compile_time)}ms" <>
         if(disk_cache == :hit, do: " (loaded from the disk cache)", else: "")
     )
   end

@@ -12,7 +12,9 @@ defmodule EXLA.Defn.Compiled do
   #     and is never transferred)
   #   * `:output` - the output container with template tensors
   #   * `:build` - a function from the list of output buffers to the result
-  #   * `:debug?` / `:key` - whether calls log timings, and the name they log
+  #   * `:debug?` / `:name` - whether calls log timings, and the name they
+  #     log (the function's key, inspected by `EXLA.SharedTerm.inspect/2`:
+  #     the key itself may capture more than a cached value may hold)
   #   * `:callbacks` - `nil`, or the host-callback sites of a program with
   #     hooks (site => payload, see `EXLA.HostCallback`)
   #   * `:donate` - the positions, among the program's parameters, of the
@@ -29,7 +31,7 @@ defmodule EXLA.Defn.Compiled do
     :input_shapes,
     :output,
     :build,
-    :key,
+    :name,
     debug?: false,
     callbacks: nil,
     donate: [],

@@ -46,6 +46,9 @@ defmodule EXLA.Defn.Lowering do
   alias Nx.Defn.{Composite, Expr}
   alias Nx.Tensor, as: T
 
+  # The run id: see lower_checked_while/4.
+  @run_id_type {{:u, 64}, {}}
+
   @doc """
   Lowers `output_expr` (any Nx container of expression tensors) whose
   parameters are described by `input_shapes`.
@@ -92,6 +95,12 @@ defmodule EXLA.Defn.Lowering do
     * `:client` - the `EXLA.Client` the program is for, which
       `EXLA.CustomCall.call/4` receives. Defaults to `nil`
 
+    * `:run_checks` - whether each `while` checks, at its head, that the
+      run is still wanted (see lower_checked_while/4): the module then
+      takes the run id, a `ui64` scalar, as its very last parameter when
+      it has a loop, and the program's facts say so (`:run_checks`).
+      Defaults to `false`
+
     * `:donate` - positions of the inputs whose buffers the program may
       reuse for its outputs: each parameter among them is aliased to an
       output of the same type (see `EXLA.MLIR.Builder.module/5`); lazy
@@ -125,6 +134,9 @@ defmodule EXLA.Defn.Lowering do
 
     param_count = length(arg_types)
     arg_types = if chain?, do: arg_types ++ [HostCalls.chain_type()], else: arg_types
+    # With run checks, the run id comes last; it is kept if a loop checks.
+    checks? = state.run_checks?
+    arg_types = if checks?, do: arg_types ++ [@run_id_type], else: arg_types
     assigns = %{state | lazy: lazy}
     donated = donated_parameters(opts[:donate] || [], lazy)
 
@@ -133,9 +145,10 @@ defmodule EXLA.Defn.Lowering do
         "main",
         arg_types,
         fn b, args ->
+          {args, run_id} = if checks?, do: Enum.split(args, -1), else: {args, [nil]}
           {args, chain} = if chain?, do: Enum.split(args, -1), else: {args, [nil]}
           params = if lazy, do: HostCalls.lazy_inputs(lazy, args), else: List.to_tuple(args)
-          b = assign(b, params: params, chain: hd(chain))
+          b = assign(b, params: params, chain: hd(chain), run_id: hd(run_id))
 
           Enum.map_reduce(outputs, b, fn t, b ->
             {v, b} = lower_value(t, b)
@@ -150,6 +163,9 @@ defmodule EXLA.Defn.Lowering do
         module_attrs: opts[:module_attrs] || [],
         module_ops: opts[:module_ops] || []
       )
+
+    checked? = b.assigns.run_checks > 0
+    program = if checked?, do: put_in(program.facts.run_checks, true), else: program
 
     %{
       program: program,
@@ -193,6 +209,7 @@ defmodule EXLA.Defn.Lowering do
       Keyword.validate!(opts, [
         :hooks,
         precision: :default,
+        run_checks: false,
         lazy_inputs: false,
         max_tensor_bytes: EXLA.Platform.Discovery.address_space_bytes(),
         qr_in_f64: false,
@@ -225,7 +242,11 @@ defmodule EXLA.Defn.Lowering do
       max_tensor_bytes: opts[:max_tensor_bytes],
       qr_in_f64: opts[:qr_in_f64],
       native_linalg: opts[:native_linalg],
-      client: opts[:client]
+      client: opts[:client],
+      run_checks?: opts[:run_checks],
+      # the run id in scope (see lower_checked_while/4), and the checks emitted
+      run_id: nil,
+      run_checks: 0
     }
   end
 
@@ -239,7 +260,9 @@ defmodule EXLA.Defn.Lowering do
         do: Enum.to_list(0..(count - 1)//1),
         else: Enum.sort(Enum.uniq(used_inputs(b) ++ donated))
 
-    if chain?, do: inputs ++ [count], else: inputs
+    inputs = if chain?, do: inputs ++ [count], else: inputs
+    run_id = if chain?, do: count + 1, else: count
+    if b.assigns.run_checks > 0, do: inputs ++ [run_id], else: inputs
   end
 
   defp used_inputs(b), do: b.assigns.used |> Map.keys() |> Enum.sort()
@@ -302,7 +325,7 @@ defmodule EXLA.Defn.Lowering do
   defp nested_scope(b, fun) do
     saved = b.assigns
     {res, b} = fun.(b)
-    {res, %{b | assigns: %{saved | used: b.assigns.used, hook_sites: b.assigns.hook_sites}}}
+    {res, %{b | assigns: kept_assigns(saved, b.assigns)}}
   end
 
   @doc false
@@ -311,7 +334,13 @@ defmodule EXLA.Defn.Lowering do
     saved = b.assigns
     b = assign(b, cache: %{}, shared: %{}, params: List.to_tuple(params), top: false)
     {res, b} = fun.(b)
-    {res, %{b | assigns: %{saved | used: b.assigns.used, hook_sites: b.assigns.hook_sites}}}
+    {res, %{b | assigns: kept_assigns(saved, b.assigns)}}
+  end
+
+  # What a scope leaves to the enclosing one: the inputs read, the host
+  # call sites and the run checks emitted.
+  defp kept_assigns(saved, assigns) do
+    %{saved | used: assigns.used, hook_sites: assigns.hook_sites, run_checks: assigns.run_checks}
   end
 
   # Emits a region; `fun.(b, args)` returns `{results, b}`.
@@ -590,10 +619,15 @@ defmodule EXLA.Defn.Lowering do
     chain = b.assigns.chain
 
     {results, b} =
-      if chain && Hooks.active?(condition, b.assigns.hooks) do
-        lower_hooked_while(inits, condition, block, b)
-      else
-        lower_while(inits, condition, block, b)
+      cond do
+        b.assigns.run_id ->
+          lower_checked_while(inits, condition, block, b)
+
+        chain && Hooks.active?(condition, b.assigns.hooks) ->
+          lower_hooked_while(inits, condition, block, b)
+
+        true ->
+          lower_while(inits, condition, block, b)
       end
 
     case initial do
@@ -640,11 +674,7 @@ defmodule EXLA.Defn.Lowering do
     inits = if chain, do: inits ++ [chain], else: inits
     types = Enum.map(inits, & &1.type)
 
-    {cond_region, b} =
-      region(b, types, :isolated, fn b, _args ->
-        {pred, b} = lower_pred(condition, b)
-        {[pred], b}
-      end)
+    {cond_region, b} = condition_region(b, types, condition)
 
     {body_region, b} =
       region(b, types, :isolated, fn b, args ->
@@ -682,6 +712,221 @@ defmodule EXLA.Defn.Lowering do
     {results, b} = Ops.while(b, state, cond_region, body_region)
     {results, [chain, _pred]} = Enum.split(results, -2)
     {results, assign(b, chain: chain)}
+  end
+
+  # A loop of a program whose runs may be stopped (the `:run_checks`
+  # option): the head of each outer iteration calls the run check
+  # (`exla_run_check`, see native/exla/src/cancel.rs), which fails the run
+  # once nobody waits for it any more and returns how many iterations to
+  # run before the next check (the stride), which an inner loop runs. A
+  # check costs about 70 ns, and breaks the native loop XLA:CPU makes of a
+  # small body: checking each iteration made such loops 10 times slower.
+  # The handler picks strides so that checks come about 50 µs apart (each
+  # iteration when one takes longer), from the time of the loop's last
+  # check, which the loop carries with the stride.
+  #
+  # A condition with hooks, or a large one, is lowered as in
+  # lower_hooked_while/4: before the loop and at the end of each
+  # iteration, its predicate carried, so it is evaluated as often as
+  # without checks, its hooks (if any) run as often, and the outer loop
+  # knows why the inner one ended. The run id and the chain go down the
+  # loops, and nested loops check with the same id.
+  defp lower_checked_while(inits, condition, block, b) do
+    if cheap_condition?(condition, b),
+      do: lower_checked_while_cheap(inits, condition, block, b),
+      else: lower_checked_while_carried(inits, condition, block, b)
+  end
+
+  # A condition without active hooks whose tensors all have at most 1,024
+  # elements (a scalar comparison, as most loops have) is evaluated by the
+  # loops' condition regions, as lower_while/4 does: the inner loop's is
+  # `condition and count < stride`, and the outer loop's evaluates it once
+  # more per stride. XLA:CPU then keeps the native loop it makes of a small
+  # body (carrying the predicate instead made a scalar loop 5 times
+  # slower); the extra evaluation costs a microsecond at most, once per
+  # stride, which is at least 50 µs (or one iteration when longer).
+  @cheap_condition_elements 1024
+
+  defp cheap_condition?(condition, b) do
+    hooked? = b.assigns.chain != nil and Hooks.active?(condition, b.assigns.hooks)
+    not hooked? and small_tensors?(condition)
+  end
+
+  defp small_tensors?(expr) do
+    expr |> Composite.reduce({%{}, true}, &small_tensors?/2) |> elem(1)
+  end
+
+  defp small_tensors?(_t, {_seen, false} = acc), do: acc
+
+  defp small_tensors?(%T{data: %Expr{id: id}} = t, {seen, true} = acc) do
+    cond do
+      Map.has_key?(seen, id) ->
+        acc
+
+      Tuple.product(dims(t)) > @cheap_condition_elements ->
+        {seen, false}
+
+      true ->
+        {_args, acc} =
+          Nx.Defn.Tree.apply_args(t, :scope, {Map.put(seen, id, true), true}, fn arg, acc ->
+            {arg, small_tensors?(arg, acc)}
+          end)
+
+        acc
+    end
+  end
+
+  defp lower_checked_while_cheap(inits, condition, block, b) do
+    {carried, chained} = with_chain_value(inits, b)
+    {check, b} = check_state(b)
+    state = carried ++ check
+    types = Enum.map(state, & &1.type)
+    {cond_region, b} = condition_region(b, types, condition)
+
+    {body_region, b} =
+      region(b, types, :isolated, fn b, args ->
+        {values, [id, last, stride]} = Enum.split(args, -3)
+        {[now, stride], b} = run_check(b, id, last, stride)
+        stride_args = {condition, block, chained}
+        {values, b} = lower_cheap_stride(values, id, stride, stride_args, b)
+        {values ++ [id, now, stride], b}
+      end)
+
+    {results, b} = Ops.while(b, state, cond_region, body_region)
+    {results, _check_state} = Enum.split(results, -3)
+    take_chain(results, b.assigns.chain, b)
+  end
+
+  # The loop values, with the chain last when there is one, and how many
+  # chains that is (0 or 1).
+  defp with_chain_value(values, %{assigns: %{chain: nil}}), do: {values, 0}
+  defp with_chain_value(values, %{assigns: %{chain: chain}}), do: {values ++ [chain], 1}
+
+  # The values a checked loop carries for its checks: the run id, the time
+  # of the last check (0: none yet) and the stride (1 at first).
+  defp check_state(b) do
+    {never, b} = Ops.constant(b, {:u, 64}, {}, 0)
+    {one, b} = Ops.constant(b, {:s, 64}, {}, 1)
+    {[b.assigns.run_id, never, one], b}
+  end
+
+  # A loop's condition region, the condition lowered on its arguments.
+  defp condition_region(b, types, condition) do
+    region(b, types, :isolated, fn b, _args ->
+      {pred, b} = lower_pred(condition, b)
+      {[pred], b}
+    end)
+  end
+
+  # The inner loop of lower_checked_while_cheap/4: up to `stride`
+  # iterations of the body while the condition holds.
+  defp lower_cheap_stride(values, id, stride, {condition, block, chained}, b) do
+    {zero, b} = Ops.constant(b, {:s, 64}, {}, 0)
+    state = values ++ [id, zero, stride]
+    types = Enum.map(state, & &1.type)
+    loop_types = Enum.drop(types, -(3 + chained))
+
+    {cond_region, b} =
+      region(b, types, :isolated, fn b, args ->
+        [count, stride] = Enum.take(args, -2)
+        {pred, b} = lower_pred(condition, b)
+        {go, b} = within_stride(b, pred, count, stride)
+        {[go], b}
+      end)
+
+    {body_region, b} =
+      region(b, types, :isolated, fn b, args ->
+        {values, [id, count, stride]} = Enum.split(args, -3)
+        {values, count, b} = stride_iteration(b, values, {id, count}, block, loop_types)
+        {values ++ [id, count, stride], b}
+      end)
+
+    {results, b} = Ops.while(b, state, cond_region, body_region)
+    {values, _stride_state} = Enum.split(results, -3)
+    {values, b}
+  end
+
+  defp lower_checked_while_carried(inits, condition, block, b) do
+    {pred, b} = lower_condition(condition, inits, b)
+    {carried, chained} = with_chain_value(inits, b)
+    {check, b} = check_state(b)
+    state = carried ++ check ++ [pred]
+    types = Enum.map(state, & &1.type)
+
+    {cond_region, b} = region(b, types, :isolated, fn b, args -> {[List.last(args)], b} end)
+
+    {body_region, b} =
+      region(b, types, :isolated, fn b, args ->
+        {values, [id, last, stride, pred]} = Enum.split(args, -4)
+        {[now, stride], b} = run_check(b, id, last, stride)
+        {values, b} = lower_stride(values, id, stride, pred, {condition, block, chained}, b)
+        {values, [pred]} = Enum.split(values, -1)
+        {values ++ [id, now, stride, pred], b}
+      end)
+
+    {results, b} = Ops.while(b, state, cond_region, body_region)
+    {results, _check_state} = Enum.split(results, -4)
+    take_chain(results, b.assigns.chain, b)
+  end
+
+  @run_check_types [{{:u, 64}, {}}, {{:s, 64}, {}}]
+
+  defp run_check(b, id, last, stride) do
+    attrs = [has_side_effect: "true", backend_config: "{}"]
+
+    {results, b} =
+      Ops.custom_call(b, "exla_run_check", [id, last, stride], @run_check_types, attrs)
+
+    {results, assign(b, run_checks: b.assigns.run_checks + 1)}
+  end
+
+  # The inner loop of lower_checked_while/4: up to `stride` iterations of
+  # the body while the carried predicate holds. Returns the loop's values
+  # (the chain last, when there is one) and the last predicate.
+  defp lower_stride(values, id, stride, pred, {condition, block, chained}, b) do
+    {zero, b} = Ops.constant(b, {:s, 64}, {}, 0)
+    state = values ++ [id, zero, stride, pred]
+    types = Enum.map(state, & &1.type)
+    loop_types = Enum.drop(types, -(4 + chained))
+
+    {cond_region, b} =
+      region(b, types, :isolated, fn b, args ->
+        [count, stride, pred] = Enum.take(args, -3)
+        {go, b} = within_stride(b, pred, count, stride)
+        {[go], b}
+      end)
+
+    {body_region, b} =
+      region(b, types, :isolated, fn b, args ->
+        {values, [id, count, stride, _pred]} = Enum.split(args, -4)
+        {values, count, b} = stride_iteration(b, values, {id, count}, block, loop_types)
+        {loop_values, _chain} = Enum.split(values, length(loop_types))
+        {pred, b} = lower_condition(condition, loop_values, b)
+        {with_chain(loop_values, b) ++ [id, count, stride, pred], b}
+      end)
+
+    {results, b} = Ops.while(b, state, cond_region, body_region)
+    {values, [_id, _count, _stride, pred]} = Enum.split(results, -4)
+    {values ++ [pred], b}
+  end
+
+  # Whether an inner loop goes on: `pred` holds and `count` < `stride`.
+  defp within_stride(b, pred, count, stride) do
+    {more, b} = Ops.compare(b, "LT", count, stride)
+    Ops.binary(b, "stablehlo.and", pred, more)
+  end
+
+  # One iteration of an inner loop: the body on the loop's values (the
+  # chain last when there is one, as `loop_types` tells), with the run id
+  # of the region's arguments; returns the new values (the chain last) and
+  # the count, one more.
+  defp stride_iteration(b, values, {id, count}, block, loop_types) do
+    chain = if length(values) > length(loop_types), do: List.last(values)
+    b = assign(b, run_id: id, chain: chain)
+    {values, b} = lower_body(block, loop_types, b)
+    {one, b} = Ops.constant(b, {:s, 64}, {}, 1)
+    {count, b} = Ops.binary(b, "stablehlo.add", count, one)
+    {with_chain(values, b), count, b}
   end
 
   # Lowers `condition` on `values` (the loop state) to an i1 predicate,

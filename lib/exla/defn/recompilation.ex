@@ -56,7 +56,7 @@ defmodule EXLA.Defn.Recompilation do
   defp count(key, vars, expr, threshold) do
     if :ets.whereis(@table) != :undefined do
       shapes = &EXLA.Defn.Compilation.vars_key/1
-      counter = digest({function_id(key), shapes.(vars), shapes.([expr])})
+      counter = digest({key, shapes.(vars), shapes.([expr])})
       count = :ets.update_counter(@table, counter, 1, {counter, 0})
       if count == threshold, do: warn(key, count)
     end
@@ -64,10 +64,11 @@ defmodule EXLA.Defn.Recompilation do
     :ok
   end
 
-  # What a function captures may be large (a closure made in IEx or
-  # Livebook captures every binding): the table keeps a digest of it.
-  defp digest(counter),
-    do: :crypto.hash(:sha256, :erlang.term_to_binary(counter, [:deterministic]))
+  # The code of the function and what it captures, tensors by type and
+  # shape and functions by their own code and captures, as a digest: what
+  # a function captures may be large (a closure made in IEx or Livebook
+  # captures every binding) or share subterms (see EXLA.SharedTerm).
+  defp digest(counter), do: EXLA.SharedTerm.digest(counter, tensors: :by_shape)
 
   # EXLA 0.13.1's words.
   defp warn(key, count) do
@@ -78,35 +79,4 @@ defmodule EXLA.Defn.Recompilation do
         "recompilation. Pass changing tensors as explicit function arguments instead."
     )
   end
-
-  # The code of the function and what it captures, tensors by type and
-  # shape and functions by their own code and captures.
-  defp function_id(fun) do
-    case Function.info(fun, :type) do
-      {:type, :external} ->
-        {:external, Function.info(fun, :module), Function.info(fun, :name), arity(fun)}
-
-      {:type, :local} ->
-        {:module, module} = Function.info(fun, :module)
-        {:new_index, index} = Function.info(fun, :new_index)
-        {:env, env} = Function.info(fun, :env)
-        {module, index, normalize(env)}
-    end
-  end
-
-  defp arity(fun), do: elem(Function.info(fun, :arity), 1)
-
-  defp normalize(%Nx.Tensor{type: type, shape: shape}), do: {Nx.Tensor, type, shape}
-  # Nx wraps a function whose arguments include options or functions in a
-  # closure of its own, which captures the user's function.
-  defp normalize(fun) when is_function(fun), do: function_id(fun)
-  defp normalize([head | tail]), do: [normalize(head) | normalize(tail)]
-
-  defp normalize(tuple) when is_tuple(tuple),
-    do: tuple |> Tuple.to_list() |> Enum.map(&normalize/1) |> List.to_tuple()
-
-  defp normalize(map) when is_map(map) and not is_struct(map),
-    do: Map.new(map, fn {key, value} -> {normalize(key), normalize(value)} end)
-
-  defp normalize(other), do: other
 end

@@ -228,7 +228,10 @@ defmodule EXLA.Defn.Sharded do
   # The compiled program of either form, built once per function, inputs,
   # mesh, shardings and options.
   defp cached(form, key, vars, mesh, shardings, opts, build) do
-    cache_key = {form, key, EXLA.Defn.Compilation.vars_key(vars), mesh, shardings, opts}
+    vars_key = EXLA.Defn.Compilation.vars_key(vars)
+    # The function and options are the user's (see EXLA.SharedTerm).
+    function = EXLA.SharedTerm.function_key(key)
+    cache_key = {form, function, vars_key, EXLA.SharedTerm.key({mesh, shardings, opts})}
 
     {_hit_miss_or_off, compiled} =
       LockedCache.fetch_or_build(opts[:cache], cache_key, :permanent, build)

@@ -43,18 +43,14 @@ if EXLA.NxVersion.streams?() do
     defstruct @enforce_keys
 
     @doc false
-    # Compiles (or fetches) the stream program and starts it.
-    def start(cache_key, input, _acc, vars, fun, [args], opts) do
+    # Compiles (or fetches) the stream program of the function `key`,
+    # cached under `cache_key` (EXLA.Defn.stream_cache_key/3), and starts it.
+    def start(key, cache_key, input, _acc, vars, fun, [args], opts) do
       opts = EXLA.Defn.Compilation.validate_options!(opts)
       client = EXLA.Client.fetch!(opts[:client])
       device_id = opts[:device_id]
-      # The function's key is the second element of the cache key (see
-      # EXLA.Defn.stream_cache_key/3).
       compile = &compile(client, device_id, input, vars, &1, opts)
-
-      build = fn ->
-        EXLA.Defn.Compilation.compilation(elem(cache_key, 1), vars, fun, opts, compile)
-      end
+      build = fn -> EXLA.Defn.Compilation.compilation(key, vars, fun, opts, compile) end
 
       {_hit_miss_or_off, program} =
         LockedCache.fetch_or_build(opts[:cache], cache_key, :permanent, build)

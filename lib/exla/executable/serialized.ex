@@ -175,7 +175,7 @@ defmodule EXLA.Executable.Serialized do
         device_id: device_id,
         input_shapes: input_shapes,
         output_shapes: meta.output_shapes,
-        facts: facts,
+        facts: Facts.upgrade(facts),
         num_replicas: meta.num_replicas,
         num_partitions: meta.num_partitions
       })

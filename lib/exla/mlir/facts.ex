@@ -20,15 +20,27 @@ defmodule EXLA.MLIR.Facts do
   #
   #   * `:total_elements` - the elements its ops read and write, summed over
   #     the ops (a measure of the data a run touches), or `:unknown`
+  #
+  #   * `:run_checks` - whether its loops check that their run is still
+  #     wanted: its last parameter is then the run's id, which a run passes
+  #     itself (see `EXLA.Defn.Lowering`'s `:run_checks`)
 
-  defstruct unbounded: [], largest_tensor: 0, total_elements: 0
+  defstruct unbounded: [], largest_tensor: 0, total_elements: 0, run_checks: false
 
   @type elements :: non_neg_integer | :unknown
   @type t :: %__MODULE__{
           unbounded: [String.t()],
           largest_tensor: elements,
-          total_elements: elements
+          total_elements: elements,
+          run_checks: boolean
         }
+
+  @doc """
+  `facts` as this version knows them: facts serialized by an older one
+  (the compile cache) lack the fields added since, which take their
+  defaults.
+  """
+  def upgrade(facts), do: struct(__MODULE__, Map.delete(facts, :__struct__))
 
   # Ops that may run for unbounded time: loops, host callbacks, transfers
   # that wait for the host, and collectives that wait for other devices.

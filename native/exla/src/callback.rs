@@ -335,17 +335,25 @@ fn callback_session_count() -> usize {
 }
 
 /// Runs `executable` on a thread of the execution pool; the result comes
-/// back as a message to the session's owner.
+/// back as a message to the session's owner. With `checked`, the program
+/// takes a run id last and stops once the calling process is gone (see
+/// `cancel`).
 #[rustler::nif]
 fn callback_run(
+    env: Env,
     executable: ResourceArc<ExecutableResource>,
     session: ResourceArc<SessionResource>,
     arguments: Vec<ResourceArc<BufferResource>>,
     donatable: Vec<usize>,
+    checked: bool,
 ) -> NifResult<Atom> {
     let callback = session.callback.clone();
+    let watched = crate::executable::watch_caller(env, checked);
     crate::pool::runs().run_then(
-        move || crate::executable::run_and_wait(&executable, &arguments, &donatable),
+        move || {
+            let watched = watched.as_ref();
+            crate::executable::run_and_wait(&executable, &arguments, &donatable, watched)
+        },
         move |result| {
             // The session stays alive until the result is delivered.
             let _keep = &session;

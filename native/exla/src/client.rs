@@ -24,6 +24,8 @@ pub struct ClientResource {
     pub handle: Arc<pjrt::Client>,
     compile_overrides: CompileOverrides,
     pub ledger: Arc<Ledger>,
+    /// Whether the plugin has the run check of loops (see `cancel`).
+    run_checks: bool,
 }
 
 type CompileOverrides = Vec<(String, pjrt::OptionOverride)>;
@@ -76,6 +78,7 @@ pub struct ClientInfo {
     devices: Vec<DeviceInfo>,
     api_major: i32,
     api_minor: i32,
+    run_checks: bool,
 }
 
 /// Sets a variable of the operating-system process's environment, where a
@@ -171,10 +174,17 @@ fn client_create(
     );
     install_linalg(&plugin.handle, client.platform_name());
     let ledger = Ledger::new(client.devices().len());
+    // A plugin without the XLA FFI runs loops without checks.
+    let run_checks = crate::cancel::install(&plugin.handle, client.platform_name())
+        .inspect_err(|error| {
+            tracing::debug!(target: "exla::client", %error, "runs of this client cannot be stopped");
+        })
+        .is_ok_and(|installed| installed);
     Ok(ResourceArc::new(ClientResource {
         handle: client,
         compile_overrides: overrides,
         ledger,
+        run_checks,
     }))
 }
 
@@ -230,11 +240,13 @@ fn option_value(value: OptionValue) -> NifResult<pjrt::OptionValue> {
 
 #[rustler::nif]
 fn client_info(client: ResourceArc<ClientResource>) -> ClientInfo {
+    let run_checks = client.run_checks;
     let client = &client.handle;
     let (api_major, api_minor) = client.plugin().api_version();
     ClientInfo {
         api_major,
         api_minor,
+        run_checks,
         platform_name: client.platform_name().to_string(),
         platform_version: client.platform_version().to_string(),
         devices: client

@@ -13,6 +13,7 @@ use std::time::Instant;
 use rustler::{Atom, Binary, Encoder, Env, NewBinary, ResourceArc, Term};
 
 use crate::buffer::{shape, BufferResource};
+use crate::cancel::{self, Run};
 use crate::client::ClientResource;
 use crate::diagnostics::millis;
 use crate::error::{Error, NifResult};
@@ -137,6 +138,18 @@ fn give_up_donated(arguments: &[ResourceArc<BufferResource>], donatable: &[usize
     }
 }
 
+/// After a launch that failed, gives up the donated arguments it took
+/// nonetheless (deleted by the plugin: an execution that failed as it
+/// ran, such as a run stopped by its check, see `cancel`), so that they
+/// stop counting; those it refused before taking them stay as they are.
+fn give_up_taken(arguments: &[ResourceArc<BufferResource>], donatable: &[usize]) {
+    for argument in donatable.iter().filter_map(|&i| arguments.get(i)) {
+        if argument.handle.is_deleted().unwrap_or(false) {
+            let _ = argument.give_up();
+        }
+    }
+}
+
 /// The outputs of one device, counted in the executable's ledger.
 fn wrap_outputs(executable: &ExecutableResource, outputs: Vec<pjrt::Buffer>) -> Buffers {
     outputs
@@ -174,15 +187,29 @@ fn refuse_read_only_donation(
 /// Enqueues one execution. Every argument at a position in `donatable` is
 /// given up: the program reuses its memory for an output when it aliases
 /// it, and it is deleted otherwise, so a donated argument always reads as
-/// deleted afterwards.
+/// deleted afterwards. A program whose loops check whether they are still
+/// wanted gets `run`'s id after the arguments (see `cancel`).
 fn run(
     executable: &ExecutableResource,
     arguments: &[ResourceArc<BufferResource>],
     donatable: &[usize],
+    run: Option<&Run>,
 ) -> NifResult<Buffers> {
     refuse_read_only_donation(arguments, donatable)?;
-    let buffers: Vec<&pjrt::Buffer> = arguments.iter().map(|b| &*b.handle).collect();
-    let outputs = executable.handle.execute(&buffers, donatable)?;
+    let mut buffers: Vec<&pjrt::Buffer> = arguments.iter().map(|b| &*b.handle).collect();
+    let id = match run {
+        Some(run) => Some(cancel::id_buffer(
+            &executable.handle,
+            run,
+            executable.handle.device(),
+        )?),
+        None => None,
+    };
+    buffers.extend(id.as_ref());
+    let outputs = executable
+        .handle
+        .execute(&buffers, donatable)
+        .inspect_err(|_| give_up_taken(arguments, donatable))?;
     give_up_donated(arguments, donatable);
     tracing::trace!(
         target: "exla::run",
@@ -199,8 +226,14 @@ pub fn run_and_wait(
     executable: &ExecutableResource,
     arguments: &[ResourceArc<BufferResource>],
     donatable: &[usize],
+    watched: Option<&Watched>,
 ) -> NifResult<Buffers> {
-    let outputs = run(executable, arguments, donatable)?;
+    let outputs = run(
+        executable,
+        arguments,
+        donatable,
+        watched.map(|(run, _)| &**run),
+    )?;
     wait_for(&outputs)?;
     Ok(outputs)
 }
@@ -212,11 +245,21 @@ fn executable_devices(executable: ResourceArc<ExecutableResource>) -> Vec<usize>
     executable.handle.devices().to_vec()
 }
 
+/// A run that stops once the calling process is gone, with the monitor
+/// of that process (see `cancel`), for programs whose loops check it.
+pub type Watched = (std::sync::Arc<Run>, ResourceArc<cancel::Watch>);
+
+/// The watch of a run of the calling process, when `checked` (the
+/// program takes a run id, a fact Elixir keeps).
+pub fn watch_caller(env: Env, checked: bool) -> Option<Watched> {
+    checked.then(|| cancel::watch(env, &env.pid()))
+}
+
 /// Runs a program of several replicas or partitions on all its devices at
 /// once (`lists[i]` on the i-th of `executable_devices`), on a thread of
 /// the run pool: its parts may wait for each other in collectives. Waits
 /// there for every output; replies `{reference, result}` with one list of
-/// outputs per device.
+/// outputs per device. With `checked`, as `executable_run_async`.
 #[rustler::nif]
 fn executable_run_devices<'a>(
     env: Env<'a>,
@@ -224,19 +267,37 @@ fn executable_run_devices<'a>(
     lists: Vec<Vec<ResourceArc<BufferResource>>>,
     donatable: Vec<usize>,
     reference: Term<'a>,
+    checked: bool,
 ) -> NifResult<Atom> {
+    let watched = watch_caller(env, checked);
     pool::reply_later(env, pool::runs(), reference, move || {
         for list in &lists {
             refuse_read_only_donation(list, &donatable)?;
         }
+        // Each device's part takes the run's id last.
+        let ids = match &watched {
+            Some((run, _)) => executable
+                .handle
+                .devices()
+                .iter()
+                .map(|&device| cancel::id_buffer(&executable.handle, run, device))
+                .collect::<pjrt::Result<Vec<_>>>()?,
+            None => Vec::new(),
+        };
         let buffers: Vec<Vec<&pjrt::Buffer>> = lists
             .iter()
-            .map(|list| list.iter().map(|b| &*b.handle).collect())
+            .enumerate()
+            .map(|(i, list)| list.iter().map(|b| &*b.handle).chain(ids.get(i)).collect())
             .collect();
         let arguments: Vec<&[&pjrt::Buffer]> = buffers.iter().map(|l| &l[..]).collect();
         let outputs = executable
             .handle
-            .execute_on_devices(&arguments, &donatable)?;
+            .execute_on_devices(&arguments, &donatable)
+            .inspect_err(|_| {
+                for list in &lists {
+                    give_up_taken(list, &donatable);
+                }
+            })?;
         for list in &lists {
             give_up_donated(list, &donatable);
         }
@@ -261,12 +322,14 @@ scheduler_variants! {
         arguments: Vec<ResourceArc<BufferResource>>,
         donatable: Vec<usize>,
     ) -> NifResult<Vec<ResourceArc<BufferResource>>> {
-        run(&executable, &arguments, &donatable)
+        run(&executable, &arguments, &donatable, None)
     }
 }
 
 /// Runs on a thread of the run pool, for programs that may run long, and
-/// waits there for the outputs; replies `{reference, result}`.
+/// waits there for the outputs; replies `{reference, result}`. With
+/// `checked`, the program takes a run id last, and the run stops when the
+/// calling process is gone (see `cancel`).
 #[rustler::nif]
 fn executable_run_async<'a>(
     env: Env<'a>,
@@ -274,9 +337,11 @@ fn executable_run_async<'a>(
     arguments: Vec<ResourceArc<BufferResource>>,
     donatable: Vec<usize>,
     reference: Term<'a>,
+    checked: bool,
 ) -> NifResult<Atom> {
+    let watched = watch_caller(env, checked);
     pool::reply_later(env, pool::runs(), reference, move || {
-        run_and_wait(&executable, &arguments, &donatable)
+        run_and_wait(&executable, &arguments, &donatable, watched.as_ref())
     })
 }
 

@@ -14,6 +14,7 @@ mod schedule;
 
 mod buffer;
 mod callback;
+mod cancel;
 mod client;
 mod diagnostics;
 mod error;
@@ -26,6 +27,7 @@ mod ipc;
 mod memory;
 mod pool;
 mod resource;
+mod term;
 mod xla_options;
 
 mod atoms {

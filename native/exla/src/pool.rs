@@ -315,7 +315,8 @@ impl Drop for InFlight {
 /// Called as the VM halts, before the C++ exit handlers: no new job starts,
 /// and the jobs running (compiles, serializations, runs) are waited for,
 /// for at most `timeout`. A run waiting for a host callback ends at once
-/// (its call site sees `exiting`). Returns whether all ended.
+/// (its call site sees `exiting`), and so does a loop that checks its run
+/// (see `cancel`). Returns whether all ended.
 pub fn on_halt(timeout: Duration) -> bool {
     EXITING.store(true, Ordering::Release);
     wait_until_idle(&[&COMPILES_IN_FLIGHT, &RUNS_IN_FLIGHT], timeout)

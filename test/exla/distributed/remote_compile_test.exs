@@ -95,6 +95,20 @@ defmodule EXLA.Distributed.RemoteCompileTest do
     assert_close(result, expected(params, Model.rows(6)))
   end
 
+  test "a jitted closure over a term sharing subterms loads this node's program there",
+       %{peer_node: node} do
+    # 2^16 leaves in 16 tuples: its key is a digest. Sent, the closure
+    # arrives with the term unshared (2^17 tuples), whose digest is the
+    # same: the program is found here.
+    shared = Enum.reduce(1..16, :leaf, fn _, t -> {t, t} end)
+    scorer = EXLA.jit(Model.tagged_scorer(Model.params(), shared))
+    x = Model.rows(5)
+    expected = scorer.(x)
+
+    {result, 0} = :erpc.call(node, TestPeer, :apply_counting, [scorer, [x]])
+    assert_close(result, expected)
+  end
+
   describe "on a node with another plugin" do
     # The other plugin is the CPU plugin file of EXLA_OTHER_CPU_PLUGIN
     # when set (another build, such as the one of the lammps-jax-pjrt-cpu
