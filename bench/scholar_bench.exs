@@ -48,7 +48,10 @@
 # Environment: SCHOLAR_DIR (required), BENCH_CASES (comma-separated, default
 # `reference,exla,cold,warm`), BENCH_PRELOAD (for the `preload` case),
 # BENCH_DUMP (`1` for the dump case),
-# BENCH_TEST_ARGS (extra `mix test` arguments, such as a file to run a part).
+# BENCH_TEST_ARGS (extra `mix test` arguments, such as a file to run a part),
+# BENCH_LOG_DIR (a folder that receives each case's `mix test` output,
+# `<case>.log`, and the names of its failing tests, sorted, `<case>.failures`,
+# to compare two trees' failures by name).
 # The machine should be otherwise idle; the ratios come from one run.
 defmodule ScholarBench do
   @helper Path.expand("support/client_test_helper.exs", __DIR__)
@@ -108,9 +111,23 @@ defmodule ScholarBench do
     IO.puts(:stderr, "running #{name} ...")
     {output, status} = System.cmd("mix", args, cd: dir, env: env, stderr_to_stdout: true)
     summary = Regex.run(~r/\d+ doctests?, \d+ tests?, \d+ failures?.*/, output)
+    keep_log(name, output)
     report = out |> File.read!() |> :erlang.binary_to_term()
     File.rm(out)
     Map.merge(report, %{status: status, summary: summary && hd(summary)})
+  end
+
+  defp keep_log(name, output) do
+    if dir = System.get_env("BENCH_LOG_DIR") do
+      File.mkdir_p!(dir)
+      File.write!(Path.join(dir, "#{name}.log"), output)
+
+      failures =
+        for [_, test] <- Regex.scan(~r/^\s+\d+\) ((?:test|doctest) .*)$/m, output),
+            do: test <> "\n"
+
+      File.write!(Path.join(dir, "#{name}.failures"), failures |> Enum.sort() |> Enum.join())
+    end
   end
 
   defp dir_bytes(dir) do
@@ -169,15 +186,24 @@ defmodule ScholarBench do
     for {name, r} <- results, ops = Map.get(r, :ops, %{}), ops != %{} do
       top =
         ops
-        |> Enum.sort_by(fn {_op, m} -> -m[:xla_compile_time] end)
-        |> Enum.take(8)
-        |> Enum.map_join(", ", fn {op, m} ->
-          "#{op} #{m[:count]} (#{secs(m[:xla_compile_time])} s)"
+        |> Enum.group_by(fn {op, _m} -> op_name(op) end, fn {_op, m} -> m end)
+        |> Enum.map(fn {op, ms} ->
+          {op, Enum.sum(Enum.map(ms, & &1[:count])),
+           Enum.sum(Enum.map(ms, & &1[:xla_compile_time]))}
         end)
+        |> Enum.sort_by(fn {_op, _count, time} -> -time end)
+        |> Enum.take(8)
+        |> Enum.map_join(", ", fn {op, count, time} -> "#{op} #{count} (#{secs(time)} s)" end)
 
       IO.puts("\n#{name}: eager operations compiled by XLA, most compile time first: #{top}")
     end
   end
+
+  # An eager program's key is its operation's name, or for a block (Nx 0.12
+  # and later) `{struct, fun}`: named (and summed) by the struct's module.
+  defp op_name({%module{}, _fun}), do: inspect(module)
+  defp op_name(op) when is_atom(op), do: Atom.to_string(op)
+  defp op_name(op), do: inspect(op)
 
   # The plugin's compile split from the mtimes of an XLA dump: per module,
   # HLO passes from `before_optimizations` to `cpu_after_optimizations`,

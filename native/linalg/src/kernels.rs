@@ -481,19 +481,46 @@ pub fn eigh_in<T: Elem>(a: Mat<T>, wide: bool, par: Par) -> (Vec<T::Part>, Mat<T
 }
 
 /// `svd`, computed in the wide type and rounded once where `wide` (f32 and
-/// c64 only).
+/// c64 only), with the singular values under the rank floor made zero.
 pub fn svd_in<T: Elem>(
     a: Mat<T>,
     full: bool,
     wide: bool,
     par: Par,
 ) -> (Mat<T>, Vec<T::Part>, Mat<T>) {
-    if !(wide && T::NARROW) {
-        return svd(a, full, par);
+    let (m, n) = a.shape();
+    let (u, mut s, vh) = if wide && T::NARROW {
+        let (u, s, vh) = svd(widened(&a), full, par);
+        let s = s.into_iter().map(<T::Part as Elem>::narrow).collect();
+        (narrowed(&u), s, narrowed(&vh))
+    } else {
+        svd(a, full, par)
+    };
+    zero_under_rank_floor(&mut s, m.max(n));
+    (u, s, vh)
+}
+
+/// Makes zero the singular values at or under max(m, n) x eps x the
+/// largest, eps that of the result's type: numpy's and LAPACK's bound of
+/// the numerical rank, under which a value is rounding (any SVD's backward
+/// error is about eps x the largest). Nx's own SVD gives exact zeros for
+/// such matrices (a centred 4x6 matrix: 0.0 where faer gives 6e-8), and
+/// Nx.LinAlg.pinv, which drops values under an absolute 1e-10 only,
+/// depends on it: with 6e-8 inverted, the least squares of Scholar's
+/// LinearRegression on more features than samples came out wrong by 0.5.
+fn zero_under_rank_floor<R: Elem>(s: &mut [R], size: usize) {
+    let eps = if R::BYTES == 4 {
+        f64::from(f32::EPSILON)
+    } else {
+        f64::EPSILON
+    };
+    let largest = s.iter().map(|v| v.magnitude()).fold(0.0, f64::max);
+    let floor = size as f64 * eps * largest;
+    for v in s.iter_mut() {
+        if v.magnitude() <= floor {
+            *v = R::zero();
+        }
     }
-    let (u, s, vh) = svd(widened(&a), full, par);
-    let s = s.into_iter().map(<T::Part as Elem>::narrow).collect();
-    (narrowed(&u), s, narrowed(&vh))
 }
 
 fn widened<T: Elem>(a: &Mat<T>) -> Mat<T::Wide> {
@@ -819,6 +846,30 @@ mod tests {
         assert_eq!(u, Mat::<f64>::identity(4, 4));
         assert_eq!(vh, Mat::<f64>::identity(3, 3));
         assert_eq!(s, vec![0.0; 3]);
+    }
+
+    #[test]
+    fn svd_of_a_rank_deficient_matrix_gives_exact_zeros() {
+        // rank 2 (the third row is the sum of the first two), in f32 and
+        // f32 computed in f64: the last value is rounding, made zero; a
+        // small but significant value (1e-4 of the largest) stays.
+        let a = Mat::from_fn(3, 4, |i, j| {
+            let (x, y) = ((j + 1) as f32, ((j * j) % 5) as f32);
+            [x, y, x + y][i]
+        });
+        for wide in [false, true] {
+            let (u, s, vh) = svd_in(a.clone(), false, wide, Par::Seq);
+            assert!(s[1] > 0.0);
+            assert_eq!(s[2], 0.0);
+            let sigma = Mat::from_fn(3, 3, |i, j| if i == j { s[i] } else { 0.0 });
+            let back = &u * &sigma * &vh;
+            for (i, j) in (0..3).flat_map(|i| (0..4).map(move |j| (i, j))) {
+                assert!((back[(i, j)] - a[(i, j)]).abs() < 1e-5);
+            }
+        }
+        let d = Mat::from_fn(3, 3, |i, j| if i == j { [1.0, 1e-2, 1e-4][i] } else { 0.0 });
+        let (_, s, _) = svd_in(d, false, false, Par::Seq);
+        assert_eq!(s, vec![1.0, 1e-2, 1e-4]);
     }
 
     #[test]
