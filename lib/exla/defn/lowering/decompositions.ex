@@ -139,13 +139,19 @@ defmodule EXLA.Defn.Lowering.Decompositions do
     {{:tuple, values}, b}
   end
 
-  # About how many element operations a call on a batch of matrices of
-  # `type` costs: m * n * min(m, n) per matrix, times the op's factor (its
-  # operations per such product, rounded, as LAPACK counts them), and 4 for
-  # complex types. EXLA.Placement places its runs from it, with the program's
-  # other ops: a call is not unbounded, as other custom calls are, and the
-  # small ones run on the calling scheduler (an 8x8 SVD in microseconds)
-  # while those of 64x64 and more go to a dirty scheduler.
+  # What a call on a batch of matrices of `type` counts towards
+  # EXLA.Placement's budget of elements, with the program's other ops (a
+  # call is not unbounded, as other custom calls are): its operations,
+  # m * n * min(m, n) per matrix times the op's factor (as LAPACK counts
+  # them, rounded) and 4 for complex types, over @operations_per_element.
+  # The budget (65,536 elements, some 10 µs of element-wise ops) is far
+  # under the 1 ms a normal scheduler may be held, and the trip to a dirty
+  # scheduler costs about 25 µs, more than a 64x64 Cholesky's kernel
+  # (15 µs; 44 µs in all on a dirty scheduler, 19 on the caller's). Over 32,
+  # the largest calls kept on the caller's scheduler take about 0.2 ms: a
+  # Cholesky of 120, a QR of 75, an eigh of 60, an SVD of 44.
+  @operations_per_element 32
+
   @work_factors %{
     "exla_linalg_qr" => 4,
     "exla_linalg_eigh" => 9,
@@ -159,7 +165,11 @@ defmodule EXLA.Defn.Lowering.Decompositions do
   defp work(target, {element, dims}) do
     {batch, [m, n]} = dims |> Tuple.to_list() |> Enum.split(-2)
     complex = if match?({:c, _}, element), do: 4, else: 1
-    Map.fetch!(@work_factors, target) * complex * Enum.product(batch) * m * n * min(m, n)
+
+    operations =
+      Map.fetch!(@work_factors, target) * complex * Enum.product(batch) * m * n * min(m, n)
+
+    div(operations, @operations_per_element)
   end
 
   defp widened({:f, 32}), do: {:f, 64}
