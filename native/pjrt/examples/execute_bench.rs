@@ -9,14 +9,8 @@ use std::time::Instant;
 
 use pjrt::{Client, CompileOptions, ElementType, OptionValue, Plugin, Shape};
 
-const ADD: &str = r#"
-module {
-  func.func public @main(%a: tensor<3xf32>, %b: tensor<3xf32>) -> tensor<3xf32> {
-    %0 = stablehlo.add %a, %b : tensor<3xf32>
-    return %0 : tensor<3xf32>
-  }
-}
-"#;
+// The program it runs, shared with tests/cpu_plugin.rs.
+const ADD: &str = include_str!("../tests/common/add.mlir");
 
 fn percentile(sorted: &[f64], p: f64) -> f64 {
     sorted[((sorted.len() - 1) as f64 * p).round() as usize]

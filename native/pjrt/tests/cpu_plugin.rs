@@ -11,14 +11,8 @@ use pjrt::{
     Buffer, Client, CompileOptions, ElementType, Error, OptionOverride, OptionValue, Plugin, Shape,
 };
 
-const ADD: &str = r#"
-module {
-  func.func public @main(%a: tensor<3xf32>, %b: tensor<3xf32>) -> tensor<3xf32> {
-    %0 = stablehlo.add %a, %b : tensor<3xf32>
-    return %0 : tensor<3xf32>
-  }
-}
-"#;
+// Adds two f32[3] (shared with examples/execute_bench.rs).
+const ADD: &str = include_str!("common/add.mlir");
 
 const ADD_DONATING: &str = r#"
 module {
