@@ -325,7 +325,12 @@ defmodule EXLA.SharedTermFreezeTest do
                  :bad_option
                ]
 
-      if EXLA.NxVersion.line() == :v0_13, do: assert(results[:graph].result == true)
+      # The Graph case runs where it decides to (Nx 0.13 and later) and
+      # gives nil elsewhere. (Comparing EXLA.NxVersion.line/0 with one
+      # line's atom here made Elixir 1.18's type checker warn, in the
+      # suite's output, on the lines where the two never match.)
+      graph? = Version.match?(to_string(Application.spec(:nx, :vsn)), ">= 0.13.0")
+      assert results[:graph].result == if(graph?, do: true, else: nil)
 
       # The first call takes the evaluator's time and the compilation's,
       # and what is left (the key's digest, the run) is small beside them.
