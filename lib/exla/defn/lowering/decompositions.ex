@@ -29,12 +29,6 @@ defmodule EXLA.Defn.Lowering.Decompositions do
   alias EXLA.MLIR.Ops
   import EXLA.Defn.Lowering
 
-  @doc "The FFI targets (native/linalg's `TARGETS`)."
-  def targets,
-    do:
-      ~w(exla_linalg_qr exla_linalg_eigh exla_linalg_svd exla_linalg_cholesky exla_linalg_lu) ++
-        ~w(exla_linalg_solve exla_linalg_determinant)
-
   @doc """
   Q and R of `tensor`, `:reduced` or `:complete`, as `outputs` ({q, r}).
   With the `:qr_in_f64` assign (the host's), f32 and c64 are computed in
