@@ -1,11 +1,11 @@
 //! EXLA's decompositions on the host: QR, eigh, SVD, Cholesky and LU, and
 //! the solve and determinant of LU, as XLA FFI custom calls, registered with a CPU plugin by `install` and
-//! emitted by `EXLA.Defn.Lowering.LinAlgCalls`. Each runs on the plugin's
+//! emitted by `EXLA.Defn.Lowering.Decompositions`. Each runs on the plugin's
 //! thread that reaches the call, with no trip through the BEAM; the
 //! decompositions themselves are faer's (`kernels.rs`).
 //!
 //! Every target takes a batch of matrices `[..., m, n]` of f32, f64, c64
-//! or c128 (row-major, as `EXLA.MLIR.Ops.custom_call/5` lays them out; two
+//! or c128 (row-major, as `EXLA.MLIR.Ops.custom_call/6` lays them out; two
 //! for solve, with the same batch), and returns its results for each
 //! matrix of the batch:
 //!

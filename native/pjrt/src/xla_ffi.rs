@@ -202,7 +202,7 @@ pub struct Call<'a> {
 }
 
 /// An operand: its XLA data type (`dtype`), dimensions and bytes
-/// (row-major, as `EXLA.MLIR.Ops.custom_call/5` lays them out).
+/// (row-major, as `EXLA.MLIR.Ops.custom_call/6` lays them out).
 #[derive(Clone, Copy)]
 pub struct Buffer<'a> {
     dtype: c_int,
