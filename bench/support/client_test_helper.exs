@@ -12,6 +12,10 @@
 #     wall time and the sums of the `[:exla, :compilation, :details]` measurements per
 #     kind of program (and, for the eager operations XLA compiled, per
 #     operation), as an Erlang term.
+#
+# And, from the caller's environment: EXLA_BENCH_RUN_CHECKS=false (the
+# `:stop_abandoned_runs` configuration off, to measure what the loops' run
+# checks cost in compile time), and XLA_FLAGS as for any VM.
 Application.ensure_all_started(:exla)
 
 defmodule ClientBench.Collector do
@@ -75,6 +79,9 @@ case System.get_env("EXLA_BENCH_CACHE", "off") do
   "off" -> Application.put_env(:exla, :cache_dir, false)
   dir -> Application.put_env(:exla, :cache_dir, dir)
 end
+
+if System.get_env("EXLA_BENCH_RUN_CHECKS") == "false",
+  do: Application.put_env(:exla, :stop_abandoned_runs, false)
 
 ClientBench.Collector.start()
 started = System.monotonic_time(:microsecond)
