@@ -16,6 +16,12 @@ pub fn with_subnormals<R>(f: impl FnOnce() -> R) -> R {
     f()
 }
 
+/// Turns flush-to-zero and denormals-are-zero off on this thread for good:
+/// for the threads of the kernels' own pool, which run nothing else.
+pub fn allow_subnormals_on_this_thread() {
+    std::mem::forget(Guard::enter());
+}
+
 /// Restores the control register it found when dropped.
 struct Guard {
     #[allow(dead_code)]

@@ -723,6 +723,18 @@ pub fn determinant<T: Elem>(a: Mat<T>, par: Par) -> T {
     })
 }
 
+/// `determinant`, of f32 and c64 matrices computed in f64 and c128 and
+/// rounded once: in f32 the determinant of a 256x256 matrix was 2.4e-7
+/// from the exact one, JAX's 1.3e-8 (the loss is in the f32 LU, not in the
+/// product of its diagonal).
+pub fn determinant_wide<T: Elem>(a: Mat<T>, par: Par) -> T {
+    if T::NARROW {
+        T::narrow(determinant(widened(&a), par))
+    } else {
+        determinant(a, par)
+    }
+}
+
 /// LAPACK's unblocked getrf (getf2) in place, pivoting on the largest
 /// |re| + |im| (the first of equals) and skipping the elimination below a
 /// zero pivot. Fills `perm` as faer does; returns the number of swaps.

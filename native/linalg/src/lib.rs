@@ -25,7 +25,9 @@
 //!
 //! Floating point: the plugin's threads flush subnormals to zero, which
 //! breaks some of faer's scaled arithmetic; a kernel runs with IEEE
-//! subnormals (`float_env.rs`). The pool's threads never flush them.
+//! subnormals (`float_env.rs`). The pool's threads turn flushing off as
+//! they start (they would otherwise inherit the mode of the thread that
+//! first asks for the pool).
 //!
 //! Threads: a kernel runs on the calling plugin thread, serially, unless
 //! it is large enough to pay for threads (see `plan`): then on a pool of
@@ -45,17 +47,6 @@ use pjrt::Plugin;
 use rayon::prelude::*;
 
 pub use kernels::Elem;
-
-/// The FFI targets, in `install`'s order.
-pub const TARGETS: [&str; 7] = [
-    Qr::TARGET,
-    Eigh::TARGET,
-    Svd::TARGET,
-    Cholesky::TARGET,
-    Lu::TARGET,
-    Solve::TARGET,
-    Determinant::TARGET,
-];
 
 /// Registers every decomposition with `plugin`, a CPU plugin, for the host
 /// platform. Registering again does nothing.
@@ -317,8 +308,9 @@ impl Decomposition for Solve {
     }
 
     fn work(dims: &[(usize, usize)]) -> f64 {
+        // the LU, then two triangular solves per column of B
         let n = dims[0].1 as f64;
-        2.0 * n.powi(3) / 3.0 + 2.0 * n * n * dims[1].1 as f64
+        Lu::work(dims) + 2.0 * n * n * dims[1].1 as f64
     }
 
     fn compute<T: Elem>(inputs: Vec<Mat<T>>, _: (), par: Par, outs: &mut [&mut [u8]]) {
@@ -343,20 +335,11 @@ impl Decomposition for Determinant {
     }
 
     fn work(dims: &[(usize, usize)]) -> f64 {
-        2.0 * (dims[0].1 as f64).powi(3) / 3.0
+        Lu::work(dims)
     }
 
     fn compute<T: Elem>(inputs: Vec<Mat<T>>, _: (), par: Par, outs: &mut [&mut [u8]]) {
-        // f32 and c64 in f64 and c128 (as QR on the host): in f32 the
-        // determinant of a 256x256 matrix was 2.4e-7 from the exact one,
-        // JAX's 1.3e-8
-        let a = one(inputs);
-        let det = if T::NARROW {
-            let wide = Mat::from_fn(a.nrows(), a.ncols(), |i, j| a[(i, j)].widen());
-            T::narrow(kernels::determinant(wide, par))
-        } else {
-            kernels::determinant(a, par)
-        };
+        let det = kernels::determinant_wide(one(inputs), par);
         kernels::write_values([det], outs[0]);
     }
 }
@@ -579,6 +562,7 @@ fn pool() -> Option<&'static rayon::ThreadPool> {
         rayon::ThreadPoolBuilder::new()
             .num_threads(threads)
             .thread_name(|i| format!("exla-linalg-{i}"))
+            .start_handler(|_| float_env::allow_subnormals_on_this_thread())
             .build()
             .ok()
     })
