@@ -122,11 +122,19 @@ type Buffers = Vec<ResourceArc<BufferResource>>;
 /// happened by then, so a failure to delete one is logged, not returned:
 /// failing the run would drop its outputs and skip the arguments after it.
 /// Such an argument stays counted until its resource is dropped.
-fn give_up_donated(arguments: &[ResourceArc<BufferResource>], donatable: &[usize]) {
+///
+/// After a launch that `failed`, only those it took nonetheless (deleted by
+/// the plugin: an execution that failed as it ran, such as a run stopped by
+/// its check, see `cancel`), so that they stop counting; those it refused
+/// before taking them stay as they are.
+fn give_up_donated(arguments: &[ResourceArc<BufferResource>], donatable: &[usize], failed: bool) {
     for (position, argument) in donatable
         .iter()
         .filter_map(|&i| Some((i, arguments.get(i)?)))
     {
+        if failed && !argument.handle.is_deleted().unwrap_or(false) {
+            continue;
+        }
         if let Err(error) = argument.give_up() {
             tracing::warn!(
                 target: "exla::run",
@@ -134,18 +142,6 @@ fn give_up_donated(arguments: &[ResourceArc<BufferResource>], donatable: &[usize
                 error = %error.0,
                 "could not delete a donated argument after the run"
             );
-        }
-    }
-}
-
-/// After a launch that failed, gives up the donated arguments it took
-/// nonetheless (deleted by the plugin: an execution that failed as it
-/// ran, such as a run stopped by its check, see `cancel`), so that they
-/// stop counting; those it refused before taking them stay as they are.
-fn give_up_taken(arguments: &[ResourceArc<BufferResource>], donatable: &[usize]) {
-    for argument in donatable.iter().filter_map(|&i| arguments.get(i)) {
-        if argument.handle.is_deleted().unwrap_or(false) {
-            let _ = argument.give_up();
         }
     }
 }
@@ -209,8 +205,8 @@ fn run(
     let outputs = executable
         .handle
         .execute(&buffers, donatable)
-        .inspect_err(|_| give_up_taken(arguments, donatable))?;
-    give_up_donated(arguments, donatable);
+        .inspect_err(|_| give_up_donated(arguments, donatable, true))?;
+    give_up_donated(arguments, donatable, false);
     tracing::trace!(
         target: "exla::run",
         arguments = arguments.len(),
@@ -295,11 +291,11 @@ fn executable_run_devices<'a>(
             .execute_on_devices(&arguments, &donatable)
             .inspect_err(|_| {
                 for list in &lists {
-                    give_up_taken(list, &donatable);
+                    give_up_donated(list, &donatable, true);
                 }
             })?;
         for list in &lists {
-            give_up_donated(list, &donatable);
+            give_up_donated(list, &donatable, false);
         }
         let outputs: Vec<Buffers> = outputs
             .into_iter()
