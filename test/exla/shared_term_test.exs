@@ -118,6 +118,16 @@ defmodule EXLA.SharedTermTest do
     end
   end
 
+  test "a bad compiler option that shares a large tree is named in a bounded message" do
+    shared = doubling(60)
+
+    for option <- [:precision, :client, :cache, :compiler_mode, :donate, :debug] do
+      error = assert_raise ArgumentError, fn -> EXLA.jit(&Nx.add/2, [{option, shared}]).(1, 2) end
+      assert error.message =~ "..."
+      assert byte_size(error.message) < 20_000
+    end
+  end
+
   test "bounded?/1 counts what functions capture" do
     shared = doubling(40)
     refute SharedTerm.bounded?(shared)

@@ -426,7 +426,7 @@ defmodule EXLA.Defn.Compilation do
     client_name = opts[:client] || EXLA.Client.default_name()
 
     unless is_atom(client_name) do
-      raise ArgumentError, ":client must be an atom, got: #{inspect(client_name)}"
+      raise ArgumentError, ":client must be an atom, got: #{SharedTerm.inspect(client_name)}"
     end
 
     {_client, device_id} = EXLA.Client.fetch_device!(client_name, opts[:device_id])
@@ -434,7 +434,7 @@ defmodule EXLA.Defn.Compilation do
     unless opts[:precision] in @precisions do
       raise ArgumentError,
             "expected precision configuration to be one of #{@precisions_text}, " <>
-              "got: #{inspect(opts[:precision])}"
+              "got: #{SharedTerm.inspect(opts[:precision])}"
     end
 
     check_cache!(opts[:cache])
@@ -465,7 +465,7 @@ defmodule EXLA.Defn.Compilation do
   end
 
   defp check_compiler_mode!(other) do
-    raise ArgumentError, "expected :compiler_mode to be :mlir, got: #{inspect(other)}"
+    raise ArgumentError, "expected :compiler_mode to be :mlir, got: #{SharedTerm.inspect(other)}"
   end
 
   defp check_cache!(cache) when is_boolean(cache), do: :ok
@@ -473,7 +473,7 @@ defmodule EXLA.Defn.Compilation do
 
   defp check_cache!(other) do
     raise ArgumentError,
-          "expected :cache to be true, false or a file path, got: #{inspect(other)}"
+          "expected :cache to be true, false or a file path, got: #{SharedTerm.inspect(other)}"
   end
 
   defp check_option!(opts, key, allowed) do
