@@ -53,7 +53,8 @@ defmodule EXLA.Platform do
   def qr_in_f64?(_platform), do: false
 
   @doc """
-  Whether QR, eigh, SVD, Cholesky and LU run as the NIF's native kernels
+  Whether QR, eigh, SVD, Cholesky, LU, solve and the determinant (from
+  4x4) run as the NIF's native kernels
   (`EXLA.Defn.Lowering.Decompositions`) on `platform`: on the host, whose
   clients' plugins get them registered when the client is made. Other
   platforms keep their lowerings (Nx's default implementations, and EXLA's

@@ -87,8 +87,8 @@ defmodule EXLA.Defn.Lowering do
     * `:qr_in_f64` - whether `qr` computes f32 in f64
       (`EXLA.Platform.qr_in_f64?/1`). Defaults to `false`
 
-    * `:native_linalg` - whether QR, eigh, SVD, Cholesky and LU are
-      custom calls to the NIF's host kernels
+    * `:native_linalg` - whether QR, eigh, SVD, Cholesky, LU, solve and
+      the determinant (from 4x4) are custom calls to the NIF's host kernels
       (`EXLA.Defn.Lowering.Decompositions`, `EXLA.Platform.native_linalg?/1`).
       Defaults to `false`
 

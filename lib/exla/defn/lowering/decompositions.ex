@@ -5,8 +5,8 @@ defmodule EXLA.Defn.Lowering.Decompositions do
   # NIF registers with every CPU client's plugin. Where the client's
   # platform has them (`EXLA.Platform.native_linalg?/1`, the
   # `:native_linalg` assign), `EXLA.Defn.Lowering.Blocks` lowers QR, eigh,
-  # SVD, Cholesky and LU here, on every Nx line; elsewhere they keep their
-  # other lowerings.
+  # SVD, Cholesky, LU, solve and the determinant (from 4x4) here, on every
+  # Nx line; elsewhere they keep their other lowerings.
   #
   # A call takes a batch of matrices `[..., m, n]` of f32, f64, c64 or
   # c128: integer inputs are computed in f32, f16 and bf16 in f32 and their
