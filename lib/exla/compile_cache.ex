@@ -233,10 +233,14 @@ defmodule EXLA.CompileCache do
   # {:ok, executable}, or {:miss, write_always?}: a file that was there but
   # could not be used is replaced whatever the compile time. The file of
   # jit's `cache: path` is replaced in any case, and its reader
-  # (EXLA.Defn.CacheFile) has reported it.
+  # (EXLA.Defn.CacheFile) has reported it. It is used only for the same
+  # configuration: one that differs (such as the axis names, which the
+  # program does not hold) is compiled and written now.
   defp read({:file, _path, configuration}, client, path, key) when configuration != nil do
+    expected = %{cache_key: key, configuration: configuration}
+
     with {:ok, binary} <- File.read(path),
-         {:ok, executable, _metadata} <- Executable.load_binary(client, binary, %{cache_key: key}) do
+         {:ok, executable, _metadata} <- Executable.load_binary(client, binary, expected) do
       {:ok, executable}
     else
       _ -> {:miss, true}

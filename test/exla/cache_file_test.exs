@@ -75,6 +75,21 @@ defmodule EXLA.CacheFileTest do
     refute log =~ "EXLA disk cache found"
   end
 
+  test "a file of the same program for another configuration is replaced at the first call",
+       %{tmp_dir: dir} do
+    path = Path.join(dir, "sub.exla")
+    named = fn name -> [Nx.tensor([4.0], names: [name]), Nx.tensor([1.0], names: [name])] end
+    call(path, named.(:a))
+
+    # The axis names are in the configuration, not in the program.
+    log = logged(fn -> assert Nx.to_flat_list(call(path, named.(:b))) == [3.0] end)
+    assert log =~ "does not match configuration"
+
+    log = logged(fn -> call(path, named.(:b)) end)
+    assert log =~ "EXLA disk cache found"
+    refute log =~ "warning"
+  end
+
   test "without debug: true, a file found or not says nothing", %{tmp_dir: dir} do
     path = Path.join(dir, "quiet.exla")
 
