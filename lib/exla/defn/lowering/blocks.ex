@@ -128,26 +128,18 @@ defmodule EXLA.Defn.Lowering.Blocks do
     defp lower_skipped(%{__struct__: Nx.Block.LinAlg.LU}, [x | _], default, b),
       do: native_lu(x, default, b)
 
-    defp lower_skipped(%{__struct__: Nx.Block.LinAlg.Eigh}, [x | _], default, b)
-         when b.assigns.native_linalg,
-         do: Decompositions.eigh(x, default, b)
+    @decompositions %{
+      Nx.Block.LinAlg.Eigh => :eigh,
+      Nx.Block.LinAlg.SVD => :svd,
+      Nx.Block.LinAlg.Cholesky => :cholesky,
+      Nx.Block.LinAlg.Solve => :solve,
+      Nx.Block.LinAlg.Determinant => :determinant
+    }
 
-    defp lower_skipped(%{__struct__: Nx.Block.LinAlg.SVD} = s, [x | _], default, b)
-         when b.assigns.native_linalg,
-         do: Decompositions.svd(x, s.full_matrices?, default, b)
-
-    defp lower_skipped(%{__struct__: Nx.Block.LinAlg.Cholesky}, [x | _], default, b)
-         when b.assigns.native_linalg,
-         do: Decompositions.cholesky(x, default, b)
-
-    defp lower_skipped(%{__struct__: Nx.Block.LinAlg.Solve}, [a, x | _], default, b)
-         when b.assigns.native_linalg,
-         do: Decompositions.solve(a, x, default, b)
-
-    defp lower_skipped(%{__struct__: Nx.Block.LinAlg.Determinant}, [x | _] = args, default, b) do
-      if b.assigns.native_linalg and Decompositions.determinant?(x),
-        do: Decompositions.determinant(x, default, b),
-        else: lower_default(args, default, b)
+    defp lower_skipped(%{__struct__: s} = struct, in_args, default, b)
+         when b.assigns.native_linalg and is_map_key(@decompositions, s) do
+      full? = Map.get(struct, :full_matrices?, true)
+      native_decomposition(@decompositions[s], in_args, full?, default, b)
     end
 
     defp lower_skipped(_struct, in_args, default, b), do: lower_default(in_args, default, b)
@@ -234,24 +226,8 @@ defmodule EXLA.Defn.Lowering.Blocks do
 
     def lower(:optional, %T{data: %Expr{args: [%{data: %Expr{op: op} = call}, default, _]}}, b)
         when b.assigns.native_linalg and op in [:eigh, :svd, :cholesky, :solve, :determinant] do
-      case {op, call.args} do
-        {:eigh, [tensor, _opts]} ->
-          Decompositions.eigh(tensor, default, b)
-
-        {:svd, [tensor, opts]} ->
-          Decompositions.svd(tensor, Keyword.get(opts, :full_matrices?, true), default, b)
-
-        {:cholesky, [tensor]} ->
-          Decompositions.cholesky(tensor, default, b)
-
-        {:solve, [a, x]} ->
-          Decompositions.solve(a, x, default, b)
-
-        {:determinant, [tensor]} ->
-          if Decompositions.determinant?(tensor),
-            do: Decompositions.determinant(tensor, default, b),
-            else: lower_default(call.args, default, b)
-      end
+      full? = op != :svd or Keyword.get(List.last(call.args), :full_matrices?, true)
+      native_decomposition(op, call.args, full?, default, b)
     end
 
     def lower(:optional, %T{data: %Expr{args: [call, default, _callback]}}, b) do
@@ -292,6 +268,27 @@ defmodule EXLA.Defn.Lowering.Blocks do
     expr = EXLA.Defn.Lowering.QR.expr(template, [mode: mode], b.assigns.qr_in_f64)
     {values, b} = isolated_scope(b, [x], &lower_container(expr, &1))
     converted(values, Tuple.to_list(default), b)
+  end
+
+  # The decompositions that only the host's native kernels lower (on both
+  # Nx lines; `args` as the node has them): the determinant from 4x4, the
+  # smaller ones by Nx's closed formulas.
+  defp native_decomposition(:eigh, [x | _], _full?, default, b),
+    do: Decompositions.eigh(x, default, b)
+
+  defp native_decomposition(:svd, [x | _], full?, default, b),
+    do: Decompositions.svd(x, full?, default, b)
+
+  defp native_decomposition(:cholesky, [x | _], _full?, default, b),
+    do: Decompositions.cholesky(x, default, b)
+
+  defp native_decomposition(:solve, [a, x | _], _full?, default, b),
+    do: Decompositions.solve(a, x, default, b)
+
+  defp native_decomposition(:determinant, [x | _] = args, _full?, default, b) do
+    if Decompositions.determinant?(x),
+      do: Decompositions.determinant(x, default, b),
+      else: lower_default(args, default, b)
   end
 
   defp native_lu(tensor, outputs, b) when b.assigns.native_linalg,
