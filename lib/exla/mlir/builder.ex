@@ -50,7 +50,7 @@ defmodule EXLA.MLIR.Builder do
     * `:regions` - a list of region texts from `end_region/3`
     * `:work` - for an op that would count as unbounded (a custom call)
       but is known to end: about how many element operations it costs,
-      recorded in the facts instead (`EXLA.MLIR.Facts.record_bounded_op/4`)
+      recorded in the facts instead (`EXLA.MLIR.Facts.record_op/5`)
   """
   @spec op(t, String.t(), [Value.t()], [Type.t()], keyword) :: {[Value.t()], t}
   def op(%__MODULE__{} = b, name, operands, result_types, opts \\ []) do
@@ -73,11 +73,7 @@ defmodule EXLA.MLIR.Builder do
 
     operand_types = Enum.map(operands, & &1.type)
 
-    facts =
-      case Keyword.fetch(opts, :work) do
-        {:ok, work} -> Facts.record_bounded_op(b.facts, operand_types, result_types, work)
-        :error -> Facts.record_op(b.facts, name, operand_types, result_types)
-      end
+    facts = Facts.record_op(b.facts, name, operand_types, result_types, opts[:work])
 
     {results, emit(%{b | facts: facts}, text)}
   end

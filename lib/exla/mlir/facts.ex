@@ -67,31 +67,20 @@ defmodule EXLA.MLIR.Facts do
     end
   end
 
-  @doc "Records an op of `name` reading `operands` and writing `results` (types)."
-  def record_op(%__MODULE__{} = facts, name, operands, results) do
-    facts = if unbounded_op?(name), do: add_unbounded(facts, name), else: facts
+  @doc """
+  Records an op of `name` reading `operands` and writing `results` (types).
+  With `work` (about how many element operations it costs besides the
+  elements it reads and writes), an op known to end in bounded time: a
+  custom call whose handler is known (one of the NIF's decompositions),
+  which is not unbounded as other custom calls are.
+  """
+  def record_op(%__MODULE__{} = facts, name, operands, results, work \\ nil)
+      when work == nil or (is_integer(work) and work >= 0) do
+    facts = if work == nil and unbounded_op?(name), do: add_unbounded(facts, name), else: facts
     facts = Enum.reduce(results, facts, &record_tensor(&2, &1))
-    touched = Enum.reduce(operands, 0, &(elements(&1) + &2))
-    touched = Enum.reduce(results, touched, &(elements(&1) + &2))
+    touched = Enum.reduce(operands ++ results, work || 0, &(elements(&1) + &2))
     %{facts | total_elements: facts.total_elements + touched}
   end
-
-  @doc """
-  Records an op of `name` reading `operands` and writing `results` that
-  ends in bounded time, costing about `work` element operations besides
-  the elements it reads and writes: a custom call whose handler is known
-  to (one of the NIF's decompositions), which is not unbounded as other
-  custom calls are.
-  """
-  def record_bounded_op(%__MODULE__{} = facts, operands, results, work)
-      when is_integer(work) and work >= 0 do
-    facts = Enum.reduce(results, facts, &record_tensor(&2, &1))
-    touched = Enum.reduce(operands ++ results, work, &(elements(&1) + &2))
-    %{facts | total_elements: add(facts.total_elements, touched)}
-  end
-
-  defp add(:unknown, _), do: :unknown
-  defp add(total, more), do: total + more
 
   @doc "Records a tensor of `type` the program holds (a parameter)."
   def record_tensor(%__MODULE__{largest_tensor: largest} = facts, type),
