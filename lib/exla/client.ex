@@ -342,7 +342,7 @@ defmodule EXLA.Client do
               "could not find EXLA client named #{inspect(name)}, the clients specified " <>
                 "in your config files are: #{inspect(Keyword.keys(clients))}"
 
-    serialize(fn -> fetch_serialized(name) end, {:client, name, options})
+    serialize(fn -> fetch_serialized(name, options) end, {:client, name, options})
   end
 
   @doc """
@@ -509,15 +509,12 @@ defmodule EXLA.Client do
   end
 
   @doc false
-  # The client named `name`, created if needed; only ever called one
-  # caller at a time (see `fetch!/1`, and `EXLA.Platform.Discovery`, which
-  # counts a configured client's devices with it).
-  def fetch_serialized(name) do
+  # The client named `name`, created from its configured `options` if
+  # needed; only ever called one caller at a time (see `fetch!/1`, and
+  # `EXLA.Platform.Discovery`, which counts a configured client's devices
+  # with it).
+  def fetch_serialized(name, options) do
     EXLA.Memo.get({__MODULE__, :client, name}, fn ->
-      options =
-        client_config(Application.fetch_env!(:exla, :clients), name) ||
-          raise ArgumentError, "could not find EXLA client named #{inspect(name)}"
-
       options = Options.validate!(name, options)
       client = Builder.build!(name, options)
       if options[:warm_up] and cpu_platform?(client.platform_name), do: WarmUp.start(client)

@@ -58,7 +58,7 @@ defmodule EXLA.Platform.Discovery do
     with true <- EXLA.Plugin.may_have_devices?(platform, plugin: plugin),
          {:ok, path} <- EXLA.Plugin.find(platform, plugin: plugin) do
       case configured do
-        [{name, _} | _] -> Client.fetch_serialized(name).device_count
+        [{name, options} | _] -> Client.fetch_serialized(name, options).device_count
         [] -> probe_device_count(platform, path)
       end
     else
