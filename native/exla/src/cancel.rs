@@ -202,17 +202,10 @@ impl Handler for RunCheck {
     }
 }
 
-/// Registers the check with the plugin of a client of `platform_name`;
-/// returns whether its programs may check (the host platform only: a
-/// check on a GPU would wait for the device at every iteration, so loops
-/// there run as before).
-pub fn install(plugin: &pjrt::Plugin, platform_name: &str) -> pjrt::Result<bool> {
-    match Platform::from_client_name(platform_name) {
-        Some(Platform::Host) => {
-            xla_ffi::register::<RunCheck>(plugin, Platform::Host, TARGET).map(|()| true)
-        }
-        _ => Ok(false),
-    }
+/// Registers the check with `plugin`, a host client's (the caller decides:
+/// a check on a GPU would wait for the device at every iteration).
+pub fn install(plugin: &pjrt::Plugin) -> pjrt::Result<()> {
+    xla_ffi::register::<RunCheck>(plugin, Platform::Host, TARGET)
 }
 
 #[cfg(test)]

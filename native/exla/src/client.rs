@@ -3,6 +3,7 @@
 use std::sync::Arc;
 use std::time::Instant;
 
+use pjrt::xla_ffi::Platform;
 use rustler::{Atom, NifMap, NifTaggedEnum, ResourceArc};
 
 use crate::diagnostics::millis;
@@ -172,14 +173,20 @@ fn client_create(
         duration_ms = millis(started),
         "created a PJRT client"
     );
-    install_linalg(&plugin.handle, client.platform_name());
+    // The host's handlers (a check on a GPU would wait for the device at
+    // every iteration, so loops there run without checks).
+    let host = Platform::from_client_name(client.platform_name()) == Some(Platform::Host);
+    if host {
+        install_linalg(&plugin.handle);
+    }
     let ledger = Ledger::new(client.devices().len());
     // A plugin without the XLA FFI runs loops without checks.
-    let run_checks = crate::cancel::install(&plugin.handle, client.platform_name())
-        .inspect_err(|error| {
-            tracing::debug!(target: "exla::client", %error, "runs of this client cannot be stopped");
-        })
-        .is_ok_and(|installed| installed);
+    let run_checks = host
+        && crate::cancel::install(&plugin.handle)
+            .inspect_err(|error| {
+                tracing::debug!(target: "exla::client", %error, "runs of this client cannot be stopped");
+            })
+            .is_ok();
     Ok(ResourceArc::new(ClientResource {
         handle: client,
         compile_overrides: overrides,
@@ -192,12 +199,7 @@ fn client_create(
 /// client's plugin, which `EXLA.Defn.Lowering.Decompositions` calls. A
 /// plugin that cannot take them is told in a warning: its programs with
 /// decompositions then fail to compile, naming the missing target.
-fn install_linalg(plugin: &pjrt::Plugin, platform_name: &str) {
-    if pjrt::xla_ffi::Platform::from_client_name(platform_name)
-        != Some(pjrt::xla_ffi::Platform::Host)
-    {
-        return;
-    }
+fn install_linalg(plugin: &pjrt::Plugin) {
     if let Err(error) = exla_linalg::install(plugin) {
         tracing::warn!(
             target: "exla::client",
