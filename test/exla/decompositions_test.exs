@@ -30,20 +30,7 @@ defmodule EXLA.DecompositionsTest do
 
   # The results of `fun` on `args` in EXLA.jit and eagerly, which must be
   # the same bits; returned on the binary backend.
-  defp both(fun, args) do
-    jitted = apply(EXLA.jit(fun), args) |> flatten()
-
-    eager =
-      args |> Enum.map(&Nx.backend_copy(&1, EXLA.Backend)) |> then(&apply(fun, &1)) |> flatten()
-
-    for {j, e} <- Enum.zip(jitted, eager) do
-      assert %EXLA.Backend{} = e.data
-      assert {j.type, j.shape} == {e.type, e.shape}
-      assert bits(j) == bits(e), "eager #{inspect(e)}\ndiffers from jit #{inspect(j)}"
-    end
-
-    jitted |> Enum.map(&Nx.backend_copy(&1, Nx.BinaryBackend)) |> List.to_tuple()
-  end
+  defp both(fun, args), do: EXLA.LoweringCase.jit_and_eager_bits(fun, args)
 
   defp flatten(tuple) when is_tuple(tuple), do: Tuple.to_list(tuple)
   defp flatten(tensor), do: [tensor]

@@ -103,6 +103,39 @@ defmodule EXLA.LoweringCase do
     jitted
   end
 
+  @doc """
+  Runs `fun` on `args` with `EXLA.jit` and eagerly on `EXLA.Backend`
+  copies of the arguments, asserts both give results of the same types,
+  shapes and bits, and returns the jitted ones as a tuple on
+  `Nx.BinaryBackend`: for results checked by their properties rather than
+  against the reference (decompositions, whose signs are arbitrary).
+  """
+  def jit_and_eager_bits(fun, args) do
+    jitted = fun |> EXLA.jit() |> apply(args) |> results()
+
+    eager =
+      Nx.with_default_backend(EXLA.Backend, fn ->
+        apply(fun, Enum.map(args, &Nx.backend_copy(&1, EXLA.Backend)))
+      end)
+      |> results()
+
+    assert length(jitted) == length(eager)
+
+    for {j, e} <- Enum.zip(jitted, eager) do
+      assert %EXLA.Backend{} = e.data
+      assert {j.type, j.shape} == {e.type, e.shape}
+      # NaN payloads aside
+      assert bits(j) == bits(e), "eager #{inspect(e)}\ndiffers from jit #{inspect(j)}"
+    end
+
+    jitted |> Enum.map(&Nx.backend_copy(&1, Nx.BinaryBackend)) |> List.to_tuple()
+  end
+
+  defp results(tuple) when is_tuple(tuple), do: Tuple.to_list(tuple)
+  defp results(tensor), do: [tensor]
+
+  defp bits(t), do: t |> Nx.backend_copy(Nx.BinaryBackend) |> Nx.to_binary()
+
   defp assert_container(expected, actual, opts) do
     expected_flat = flatten([expected])
     actual_flat = flatten([actual])
